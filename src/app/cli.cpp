@@ -1,0 +1,87 @@
+#include "app/cli.hpp"
+
+#include <mpiddp/error.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+
+namespace mpiddp::app {
+
+std::string env_name_for(const std::string& option) {
+  std::string name = "MPIDDP_";
+  for (char c : option) name += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+po::variables_map parse_options(const po::options_description& options, const std::vector<std::string>& args,
+                                const po::positional_options_description* positional) {
+  po::variables_map vm;
+  po::command_line_parser parser(args);
+  parser.options(options);
+  if (positional) parser.positional(*positional);
+  po::store(parser.run(), vm);
+
+  if (options.find_nothrow("config", false) && vm.count("config")) {
+    const auto path = vm["config"].as<std::string>();
+    std::ifstream in(path);
+    if (!in) throw po::error("cannot open config file '" + path + "'");
+    po::store(po::parse_config_file(in, options), vm);
+  }
+
+  // Only names of this command's options map; other MPIDDP_* variables (MPIDDP_ROOT from the
+  // modulefile, say) are ignored.
+  std::map<std::string, std::string> env_to_option;
+  for (const auto& opt : options.options()) env_to_option[env_name_for(opt->long_name())] = opt->long_name();
+  env_to_option.erase(env_name_for("help"));
+  env_to_option.erase(env_name_for("config"));
+  po::store(po::parse_environment(options,
+                                  [&](const std::string& var) {
+                                    auto it = env_to_option.find(var);
+                                    return it == env_to_option.end() ? std::string() : it->second;
+                                  }),
+            vm);
+  po::notify(vm);
+  return vm;
+}
+
+std::optional<int> agree_on_local_phase(const Runtime& runtime, const std::string& command,
+                                        const std::function<void()>& body, int failure_code) {
+  std::string error;
+  try {
+    body();
+  } catch (const mpiddp::Error& e) {
+    error = e.message();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (all_ok(runtime.world(), error.empty())) return std::nullopt;
+
+  auto errors = gather_strings(runtime.world(), error);
+  if (runtime.rank() == 0) {
+    std::map<std::string, std::vector<int>> ranks_by_error;  // ordered: deterministic output
+    for (int r = 0; r < static_cast<int>(errors.size()); ++r) {
+      if (!errors[static_cast<size_t>(r)].empty()) ranks_by_error[errors[static_cast<size_t>(r)]].push_back(r);
+    }
+    for (const auto& [message, ranks] : ranks_by_error) {
+      std::string who;
+      if (static_cast<int>(ranks.size()) != runtime.size()) {
+        who = " [rank";
+        who += ranks.size() > 1 ? "s" : "";
+        for (size_t i = 0; i < ranks.size(); ++i) who += (i ? "," : " ") + std::to_string(ranks[i]);
+        who += "]";
+      }
+      std::cerr << "mpiddp " << command << ": error: " << message << who << std::endl;
+    }
+  }
+  return failure_code;
+}
+
+void print_rank0(const Runtime& runtime, const std::string& text) {
+  if (runtime.rank() == 0) std::cout << text << std::flush;
+}
+
+}  // namespace mpiddp::app

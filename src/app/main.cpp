@@ -1,0 +1,82 @@
+// mpiddp: one executable, several subcommands. MPI is initialised once here; each subcommand
+// receives the Runtime and its own arguments.
+#include <mpiddp/config.hpp>
+#include <mpiddp/error.hpp>
+#include <mpiddp/runtime.hpp>
+
+#include <iostream>
+#include <memory>
+
+#include "app/cli.hpp"
+
+namespace {
+
+const std::vector<mpiddp::app::Command>& commands() {
+  static const std::vector<mpiddp::app::Command> list = {
+      {"info", "ranks, hostnames, devices, NCCL variables, library versions and a collective sanity check",
+       mpiddp::app::run_info},
+  };
+  return list;
+}
+
+std::string usage() {
+  std::string text =
+      "usage: mpiddp <command> [options]        (under mpirun, srun or alone as one rank)\n\ncommands:\n";
+  for (const auto& c : commands()) text += "  " + c.name + std::string(8 - c.name.size(), ' ') + c.summary + "\n";
+  text += "\n`mpiddp <command> --help` lists a command's options; `mpiddp --version` prints the version.\n";
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::unique_ptr<mpiddp::Runtime> runtime;
+  try {
+    runtime = std::make_unique<mpiddp::Runtime>(&argc, &argv);
+  } catch (const mpiddp::Error& e) {
+    // Raised before the ranks could agree on anything: report here and end every rank.
+    std::cerr << "mpiddp: error: " << e.message() << std::endl;
+    int initialized = 0, size = 1;
+    MPI_Initialized(&initialized);
+    if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, mpiddp::app::kExitFailure);
+    if (initialized) MPI_Finalize();
+    return mpiddp::app::kExitFailure;
+  }
+
+  std::vector<std::string> args(argv + 1, argv + argc);
+  int code = mpiddp::app::kExitOk;
+  try {
+    if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+      mpiddp::app::print_rank0(*runtime, usage());
+      code = args.empty() ? mpiddp::app::kExitUsage : mpiddp::app::kExitOk;
+    } else if (args[0] == "--version") {
+      mpiddp::app::print_rank0(*runtime, std::string("mpiddp ") + MPIDDP_VERSION + "\n");
+    } else {
+      const mpiddp::app::Command* found = nullptr;
+      for (const auto& c : commands()) {
+        if (c.name == args[0]) found = &c;
+      }
+      if (!found) {
+        if (runtime->rank() == 0) {
+          std::cerr << "mpiddp: error: unknown command '" << args[0] << "' (try `mpiddp --help`)" << std::endl;
+        }
+        code = mpiddp::app::kExitUsage;
+      } else {
+        code = found->run(*runtime, std::vector<std::string>(args.begin() + 1, args.end()));
+      }
+    }
+  } catch (const std::exception& e) {
+    // A failure inside a collective phase: the other ranks may be waiting in a collective that
+    // this rank will never enter, so the whole job ends here rather than hangs.
+    std::cerr << "mpiddp: error: " << e.what() << std::endl;
+    runtime->abort(mpiddp::app::kExitFailure);
+  }
+  try {
+    runtime->close();
+  } catch (const std::exception& e) {
+    std::cerr << "mpiddp: error: " << e.what() << std::endl;
+    return mpiddp::app::kExitFailure;
+  }
+  return code;
+}

@@ -1,0 +1,255 @@
+#include <mpiddp/config.hpp>
+#include <mpiddp/error.hpp>
+#include <mpiddp/runtime.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <map>
+#include <numeric>
+
+#include "common/check.hpp"
+#include "common/check_cuda.hpp"
+
+namespace mpiddp {
+
+Topology topology_from_node_keys(int rank, const std::vector<long>& node_keys) {
+  const int size = static_cast<int>(node_keys.size());
+  MPIDDP_CHECK(rank >= 0 && rank < size,
+               "rank " + std::to_string(rank) + " outside a world of " + std::to_string(size));
+  Topology t;
+  t.rank = rank;
+  t.size = size;
+  // Node index = order of the node's lowest rank; walking ranks in order meets each node first
+  // at its lowest rank.
+  std::map<long, int> node_index;
+  for (int r = 0; r < size; ++r) {
+    node_index.emplace(node_keys[static_cast<size_t>(r)], static_cast<int>(node_index.size()));
+  }
+  const long mine = node_keys[static_cast<size_t>(rank)];
+  t.node_rank = node_index.at(mine);
+  t.node_count = static_cast<int>(node_index.size());
+  t.local_rank = static_cast<int>(std::count(node_keys.begin(), node_keys.begin() + rank, mine));
+  t.local_size = static_cast<int>(std::count(node_keys.begin(), node_keys.end(), mine));
+  return t;
+}
+
+Topology derive_topology(MPI_Comm comm, std::optional<int> node_key, MPI_Comm* node_out) {
+  Topology t;
+  MPIDDP_CHECK_MPI(MPI_Comm_rank(comm, &t.rank));
+  MPIDDP_CHECK_MPI(MPI_Comm_size(comm, &t.size));
+  MPI_Comm node = MPI_COMM_NULL;
+  if (node_key) {
+    MPIDDP_CHECK(*node_key >= 0, "node key must be >= 0");
+    MPIDDP_CHECK_MPI(MPI_Comm_split(comm, *node_key, t.rank, &node));
+  } else {
+    MPIDDP_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &node));
+  }
+  MPIDDP_CHECK_MPI(MPI_Comm_rank(node, &t.local_rank));
+  MPIDDP_CHECK_MPI(MPI_Comm_size(node, &t.local_size));
+  // The first rank of each node joins the leaders' communicator, ordered by world rank; its rank
+  // there is the node's index, which it then tells the rest of its node.
+  MPI_Comm leaders = MPI_COMM_NULL;
+  MPIDDP_CHECK_MPI(MPI_Comm_split(comm, t.local_rank == 0 ? 0 : MPI_UNDEFINED, t.rank, &leaders));
+  int node_info[2] = {0, 0};
+  if (leaders != MPI_COMM_NULL) {
+    MPIDDP_CHECK_MPI(MPI_Comm_rank(leaders, &node_info[0]));
+    MPIDDP_CHECK_MPI(MPI_Comm_size(leaders, &node_info[1]));
+    MPIDDP_CHECK_MPI(MPI_Comm_free(&leaders));
+  }
+  MPIDDP_CHECK_MPI(MPI_Bcast(node_info, 2, MPI_INT, 0, node));
+  if (node_out) {
+    *node_out = node;
+  } else {
+    MPIDDP_CHECK_MPI(MPI_Comm_free(&node));
+  }
+  t.node_rank = node_info[0];
+  t.node_count = node_info[1];
+  return t;
+}
+
+c10::Device choose_device(int local_rank, int visible_gpus) {
+  MPIDDP_CHECK(local_rank >= 0, "local rank must be >= 0");
+  if (visible_gpus <= 0) return c10::Device(c10::kCPU);
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % visible_gpus));
+}
+
+std::optional<LauncherSize> launcher_world_size(const std::function<const char*(const char*)>& getenv_fn) {
+  auto get = [&](const char* name) -> const char* { return getenv_fn ? getenv_fn(name) : std::getenv(name); };
+  // Most specific first: Open MPI's own launcher, a PMI launcher, a Slurm step, a Slurm job.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+    const char* value = get(name);
+    if (!value || !*value) continue;
+    char* end = nullptr;
+    long n = std::strtol(value, &end, 10);
+    if (*end != '\0' || n <= 0 || n > INT_MAX) continue;  // not a count: ignore rather than guess
+    return LauncherSize{name, static_cast<int>(n)};
+  }
+  return std::nullopt;
+}
+
+std::string thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "unknown thread level " + std::to_string(level);
+  }
+}
+
+namespace {
+
+int count_visible_gpus() {
+#if MPIDDP_HAS_CUDA
+  int n = 0;
+  // No driver or no device is not an error: the rank runs on the CPU.
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+std::string local_hostname() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof name) != 0) return "unknown-host";
+  name[HOST_NAME_MAX] = '\0';
+  return name;
+}
+
+}  // namespace
+
+Runtime::Runtime(int* argc, char*** argv, const RuntimeOptions& options)
+    : thread_requested_(options.requested_thread_level) {
+  int initialized = 0;
+  MPIDDP_CHECK_MPI(MPI_Initialized(&initialized));
+  if (initialized) {
+    MPIDDP_CHECK_MPI(MPI_Query_thread(&thread_provided_));
+  } else {
+    MPIDDP_CHECK_MPI(MPI_Init_thread(argc, argv, thread_requested_, &thread_provided_));
+    owns_mpi_ = true;
+  }
+  // Errors come back as codes and become mpiddp::Error instead of aborting inside MPI.
+  MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MPIDDP_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
+  MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
+  topo_ = derive_topology(world_, std::nullopt, &node_);
+  MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN));
+  set_current_rank(topo_.rank);
+
+  if (options.check_launcher_size && topo_.size == 1) {
+    if (auto announced = launcher_world_size(); announced && announced->size > 1) {
+      MPIDDP_THROW("MPI reports a world of 1 rank but " + announced->variable + "=" +
+                   std::to_string(announced->size) +
+                   ": the launcher started independent singletons (srun without PMI support?); "
+                   "launch with `srun --mpi=pmix` or `mpirun`");
+    }
+  }
+
+  hostnames_ = allgather_strings(world_, local_hostname());
+
+  visible_gpus_ = count_visible_gpus();
+  device_ = choose_device(topo_.local_rank, visible_gpus_);
+#if MPIDDP_HAS_CUDA
+  if (options.bind_device && device_.is_cuda()) MPIDDP_CHECK_CUDA(cudaSetDevice(device_.index()));
+#endif
+}
+
+Runtime::~Runtime() {
+  try {
+    close();
+  } catch (...) {
+    // Destructors never throw; close() is there for callers who want the error.
+  }
+}
+
+void Runtime::close() {
+  if (closed_) return;
+  closed_ = true;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (node_ != MPI_COMM_NULL) MPIDDP_CHECK_MPI(MPI_Comm_free(&node_));
+  if (world_ != MPI_COMM_NULL) MPIDDP_CHECK_MPI(MPI_Comm_free(&world_));
+  if (owns_mpi_) MPIDDP_CHECK_MPI(MPI_Finalize());
+}
+
+void Runtime::abort(int exit_code) const noexcept {
+  MPI_Abort(world_ != MPI_COMM_NULL ? world_ : MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort should not return; never leave a rank behind if it does
+}
+
+namespace {
+
+// Offsets of each rank's piece in the concatenation; checks the total fits MPI's int counts.
+std::vector<int> displacements(const std::vector<int>& lens, int* total_out) {
+  std::vector<int> displs(lens.size());
+  long total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    displs[i] = static_cast<int>(total);
+    total += lens[i];
+    MPIDDP_CHECK(total <= INT_MAX, "gathered strings exceed 2 GiB");
+  }
+  *total_out = static_cast<int>(total);
+  return displs;
+}
+
+std::vector<std::string> split_pieces(const std::string& all, const std::vector<int>& lens,
+                                      const std::vector<int>& displs) {
+  std::vector<std::string> out;
+  out.reserve(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    out.push_back(all.substr(static_cast<size_t>(displs[i]), static_cast<size_t>(lens[i])));
+  }
+  return out;
+}
+
+int checked_length(const std::string& s) {
+  MPIDDP_CHECK(s.size() <= static_cast<size_t>(INT_MAX), "string too long to gather");
+  return static_cast<int>(s.size());
+}
+
+}  // namespace
+
+std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& local, int root) {
+  int rank = 0, size = 0;
+  MPIDDP_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  MPIDDP_CHECK_MPI(MPI_Comm_size(comm, &size));
+  int len = checked_length(local);
+  std::vector<int> lens(rank == root ? static_cast<size_t>(size) : 0);
+  MPIDDP_CHECK_MPI(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm));
+  int total = 0;
+  std::vector<int> displs = displacements(lens, &total);
+  std::string all(static_cast<size_t>(total), '\0');
+  MPIDDP_CHECK_MPI(MPI_Gatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
+                               root, comm));
+  return split_pieces(all, lens, displs);
+}
+
+std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& local) {
+  int size = 0;
+  MPIDDP_CHECK_MPI(MPI_Comm_size(comm, &size));
+  int len = checked_length(local);
+  std::vector<int> lens(static_cast<size_t>(size));
+  MPIDDP_CHECK_MPI(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+  int total = 0;
+  std::vector<int> displs = displacements(lens, &total);
+  std::string all(static_cast<size_t>(total), '\0');
+  MPIDDP_CHECK_MPI(
+      MPI_Allgatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm));
+  return split_pieces(all, lens, displs);
+}
+
+bool all_ok(MPI_Comm comm, bool local_ok) {
+  int ok = local_ok ? 1 : 0;
+  MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm));
+  return ok == 1;
+}
+
+}  // namespace mpiddp
