@@ -1,0 +1,64 @@
+# One helper per kind of test, so every test gets the same flags, timeout and labels.
+#   mpiddp_add_unit_test(NAME SOURCES...)                 serial gtest, label "unit"
+#   mpiddp_add_mpi_test(NAME SOURCES... [RANKS 1 2 3 4])  one executable, one CTest entry per rank
+#                                                          count, label "mpi"
+#   mpiddp_add_script_test(NAME SCRIPT [ARGS...])         bash script, label "system"
+
+set(MPIDDP_TEST_TIMEOUT 180 CACHE STRING "Per-test timeout in seconds")
+set(MPIDDP_TEST_RANKS 1 2 3 4 CACHE STRING "Rank counts every MPI test runs at")
+
+# Open MPI refuses more ranks than cores without --oversubscribe, and root without its consent
+# variables; other MPIs need neither (and reject the flag).
+set(MPIDDP_MPIEXEC_FLAGS ${MPIEXEC_PREFLAGS})
+set(MPIDDP_TEST_ENVIRONMENT "")
+if(MPIDDP_OPENMPI)
+  list(APPEND MPIDDP_MPIEXEC_FLAGS --oversubscribe)
+  list(APPEND MPIDDP_TEST_ENVIRONMENT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+       OMPI_MCA_rmaps_base_oversubscribe=1)
+endif()
+if(MPIDDP_SANITIZE)
+  # MPI libraries keep allocations alive until exit by design; leaks there are not ours.
+  list(APPEND MPIDDP_TEST_ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1"
+       "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+endif()
+
+add_library(mpiddp_gtest_mpi_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/gtest_mpi_main.cpp)
+target_include_directories(mpiddp_gtest_mpi_main PUBLIC ${PROJECT_SOURCE_DIR}/tests/support)
+target_link_libraries(mpiddp_gtest_mpi_main PUBLIC mpiddp GTest::gtest)
+
+function(_mpiddp_test_target name)
+  add_executable(${name} ${ARGN})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests/support)
+  target_compile_options(${name} PRIVATE -Wall -Wextra)
+endfunction()
+
+function(mpiddp_add_unit_test name)
+  _mpiddp_test_target(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE mpiddp GTest::gtest GTest::gtest_main)
+  add_test(NAME unit.${name} COMMAND ${name})
+  set_tests_properties(unit.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS unit
+                       ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT}")
+endfunction()
+
+function(mpiddp_add_mpi_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;RANKS;LIBRARIES" ${ARGN})
+  if(NOT ARG_RANKS)
+    set(ARG_RANKS ${MPIDDP_TEST_RANKS})
+  endif()
+  _mpiddp_test_target(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE mpiddp_gtest_mpi_main ${ARG_LIBRARIES})
+  foreach(n IN LISTS ARG_RANKS)
+    add_test(NAME mpi.${name}.np${n}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${MPIDDP_MPIEXEC_FLAGS}
+                     $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(mpi.${name}.np${n} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS mpi
+                         PROCESSORS ${n} ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT}")
+  endforeach()
+endfunction()
+
+string(JOIN " " _mpiddp_flags_text ${MPIDDP_MPIEXEC_FLAGS})
+function(mpiddp_add_script_test name script)
+  add_test(NAME system.${name} COMMAND bash ${script} ${ARGN})
+  set_tests_properties(system.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS system
+                       ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT};MPIEXEC=${MPIEXEC_EXECUTABLE};MPIEXEC_FLAGS=${_mpiddp_flags_text}")
+endfunction()

@@ -35,7 +35,9 @@ po::variables_map parse_options(const po::options_description& options, const st
   // Only names of this command's options map; other MPIDDP_* variables (MPIDDP_ROOT from the
   // modulefile, say) are ignored.
   std::map<std::string, std::string> env_to_option;
-  for (const auto& opt : options.options()) env_to_option[env_name_for(opt->long_name())] = opt->long_name();
+  for (const auto& opt : options.options()) {
+    if (opt->semantic()->max_tokens() > 0) env_to_option[env_name_for(opt->long_name())] = opt->long_name();
+  }
   env_to_option.erase(env_name_for("help"));
   env_to_option.erase(env_name_for("config"));
   po::store(po::parse_environment(options,

@@ -1,0 +1,60 @@
+# Shared helpers for the system tests (bash). Each test prints "ok"/"FAIL" lines and ends with
+# "N passed, N failed"; the script's exit status is non-zero on any failure.
+set -u
+passed=0
+failed=0
+: "${MPIEXEC:=mpiexec}"
+: "${MPIEXEC_FLAGS:=}"
+# Every command gets a deadline: a hang is a failure, not a stuck CI job.
+: "${MPIDDP_TEST_DEADLINE:=90}"
+
+check() {  # check "description" command...
+  local desc=$1
+  shift
+  if "$@"; then
+    echo "ok   - $desc"
+    passed=$((passed + 1))
+  else
+    echo "FAIL - $desc"
+    failed=$((failed + 1))
+  fi
+}
+
+# run_np N cmd... : runs cmd on N ranks; stdout in $out, stderr in $err, status in $rc.
+run_np() {
+  local n=$1
+  shift
+  local o e
+  o=$(mktemp) e=$(mktemp)
+  # shellcheck disable=SC2086
+  env -u SLURM_NTASKS -u SLURM_STEP_NUM_TASKS -u PMI_SIZE timeout -k 5 "$MPIDDP_TEST_DEADLINE" \
+    "$MPIEXEC" -n "$n" $MPIEXEC_FLAGS "$@" >"$o" 2>"$e"
+  rc=$?
+  out=$(cat "$o") err=$(cat "$e")
+  rm -f "$o" "$e"
+}
+
+# run_alone cmd... : runs cmd as a singleton (no mpiexec), same outputs as run_np.
+run_alone() {
+  local o e
+  o=$(mktemp) e=$(mktemp)
+  timeout -k 5 "$MPIDDP_TEST_DEADLINE" "$@" >"$o" 2>"$e"
+  rc=$?
+  out=$(cat "$o") err=$(cat "$e")
+  rm -f "$o" "$e"
+}
+
+count_lines() { grep -c -x -- "$1" <<<"$2"; }   # exact whole-line matches
+contains() { grep -q -- "$1" <<<"$2"; }
+last_line() { tail -n 1 <<<"$1"; }
+# Exactly one line from mpiddp on stderr (the launcher may add its own banner about the exit code).
+one_line() { [ "$(grep -c -v -E '^(-+|mpiexec|mpirun|Primary job|a non-zero exit|the job to be|The first process| +(Process name|Exit code):|$)' <<<"$1")" -eq 1 ]; }
+# line_after "A" "B" text: the line right after the line A is B.
+line_after() { grep -A1 -x -- "$1" <<<"$3" | tail -n 1 | grep -q -x -- "$2"; }
+not_timed_out() { [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; }
+failed_cleanly() { [ "$rc" -ne 0 ] && not_timed_out; }
+
+finish() {
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
