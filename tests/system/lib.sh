@@ -16,6 +16,7 @@ check() {  # check "description" command...
     passed=$((passed + 1))
   else
     echo "FAIL - $desc"
+    [ -n "${err:-}" ] && echo "       last stderr: $(head -c 1500 <<<"$err")"
     failed=$((failed + 1))
   fi
 }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: install what is missing, build, run every test
+# (unit, MPI at 1-4 ranks, system, install), then rebuild with ASan+UBSan and run the unit and
+# MPI tests again. Exit status non-zero on any failure. usage: scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=$(nproc)
+
+echo "== build (RelWithDebInfo, warnings as errors)"
+bash scripts/build.sh build -DMPIDDP_WARNINGS_AS_ERRORS=ON
+echo "== tests"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+if [ "${MPIDDP_SKIP_SANITIZERS:-0}" != 1 ]; then
+  echo "== build (ASan + UBSan)"
+  bash scripts/build.sh build-asan -DMPIDDP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+  echo "== tests under ASan + UBSan (unit, mpi)"
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "unit|mpi"
+fi
