@@ -1,0 +1,158 @@
+// The communication layer: one ProcessGroup interface over torch::Tensor with several backends
+// (mpi always; nccl and gloo when built). The DDP engine and every tool talk through it.
+//
+// Cross-rank contract: every rank issues the same collectives in the same order with the same
+// dtypes, element counts and roots. Each collective gets a sequence number (1, 2, ...) per group.
+// In check mode every rank exchanges a descriptor of each collective with every other rank
+// before launching it, so a mismatch is reported on every rank (naming the ranks and what each
+// issued) instead of hanging, and a timeout can name the ranks that have not arrived.
+#pragma once
+
+#include <mpiddp/error.hpp>
+#include <mpiddp/runtime.hpp>
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mpiddp {
+
+enum class ReduceOp { kSum, kAvg, kMin, kMax };
+enum class Collective { kAllreduce, kBroadcast, kAllgather, kReduceScatter, kAlltoall, kBarrier };
+
+std::string to_string(ReduceOp op);
+std::string to_string(Collective c);
+/// "sum" -> kSum etc.; throws mpiddp::Error naming the accepted values.
+ReduceOp parse_reduce_op(const std::string& name);
+Collective parse_collective(const std::string& name);
+/// "float32", "bfloat16", ... (the names `--dtype` accepts); throws on others.
+c10::ScalarType parse_dtype(const std::string& name);
+std::string dtype_name(c10::ScalarType t);
+/// The dtypes collectives accept: float32, float64, bfloat16, float16, int32, int64.
+bool is_supported_dtype(c10::ScalarType t);
+
+/// Thrown when a collective does not complete within the group's timeout. After it the group
+/// is unusable (a collective may still be posted) and the job should abort.
+class CollectiveTimeout : public Error {
+ public:
+  using Error::Error;
+};
+/// Thrown on every rank when ranks issued different collectives at the same sequence number.
+class CollectiveMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Handle to an asynchronous collective. Outputs are valid once test() returned true or wait()
+/// returned. Dropping an incomplete handle waits for it (a collective cannot be cancelled).
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Drives progress without blocking; true once complete. Throws if the collective failed.
+  virtual bool test() = 0;
+  /// Blocks until complete; throws CollectiveTimeout after the group's timeout.
+  virtual void wait() = 0;
+  bool is_completed() { return test(); }
+};
+using WorkHandle = std::unique_ptr<Work>;
+
+struct CommOptions {
+  /// Longest a collective may take before CollectiveTimeout. Environment: MPIDDP_COMM_TIMEOUT (s).
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  /// Descriptor exchange before each collective (see above). Environment: MPIDDP_CHECK_COLLECTIVES=1.
+  bool check_collectives = false;
+
+  /// Defaults overridden by the environment variables named above.
+  static CommOptions from_environment();
+};
+
+/// One communicator of all ranks of a Runtime over one backend. Tensors must be contiguous, of a
+/// supported dtype, and on the backend's device type (cpu for mpi and gloo, cuda for nccl).
+/// Passing the same tensor as input and output runs in place; for allgather, in place means the
+/// input is this rank's slice of the output, for reduce_scatter the output is this rank's slice
+/// of the input (nccl-tests' convention).
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  virtual std::string backend() const = 0;
+  /// Whether this backend can run `c` on `dtype` with `op` (nccl-tests' "supported" matrix).
+  virtual bool supports(Collective c, c10::ScalarType dtype, ReduceOp op) const;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CommOptions& options() const { return options_; }
+  /// Sequence number of the last collective issued (0 before the first).
+  uint64_t sequence() const { return seq_; }
+
+  /// output = op over ranks of input (same shape).
+  WorkHandle allreduce_async(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op);
+  /// output = root's input on every rank (input is read on root only; may be output).
+  WorkHandle broadcast_async(const torch::Tensor& input, const torch::Tensor& output, int root);
+  /// output (size * input.numel() elements) = every rank's input, in rank order.
+  WorkHandle allgather_async(const torch::Tensor& input, const torch::Tensor& output);
+  /// input has size * output.numel() elements; output = op over ranks of this rank's slice.
+  WorkHandle reduce_scatter_async(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op);
+  /// input and output hold size equal slices; output slice r = rank r's input slice for this rank.
+  WorkHandle alltoall_async(const torch::Tensor& input, const torch::Tensor& output);
+  WorkHandle barrier_async();
+
+  /// Blocking forms.
+  void allreduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum) { allreduce_async(tensor, tensor, op)->wait(); }
+  void broadcast(const torch::Tensor& tensor, int root) { broadcast_async(tensor, tensor, root)->wait(); }
+  void allgather(const torch::Tensor& input, const torch::Tensor& output) { allgather_async(input, output)->wait(); }
+  void reduce_scatter(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op = ReduceOp::kSum) {
+    reduce_scatter_async(input, output, op)->wait();
+  }
+  void alltoall(const torch::Tensor& input, const torch::Tensor& output) { alltoall_async(input, output)->wait(); }
+  void barrier() { barrier_async()->wait(); }
+
+  /// A validated collective as the backends receive it.
+  struct Call {
+    Collective kind = Collective::kBarrier;
+    torch::Tensor input, output;
+    ReduceOp op = ReduceOp::kSum;
+    int root = 0;
+    uint64_t seq = 0;
+    bool in_place = false;
+    std::string describe() const;  ///< "allreduce #7 (float32[1031], sum)"
+  };
+
+ protected:
+  ProcessGroup(const Runtime& runtime, CommOptions options);
+  /// Starts `call` (arguments already validated) and returns its handle.
+  virtual WorkHandle launch(const Call& call) = 0;
+  /// Throws mpiddp::Error unless this backend can use tensors on `device` ("<what>: ..." prefix).
+  virtual void check_device(const c10::Device& device, const std::string& what) const = 0;
+
+ private:
+  WorkHandle issue(Call call);
+  void validate(const Call& call) const;
+
+  const Runtime& runtime_;
+  CommOptions options_;
+  int rank_ = 0;
+  int size_ = 1;
+  uint64_t seq_ = 0;
+  MPI_Comm control_ = MPI_COMM_NULL;  ///< check mode's descriptor exchange
+
+ public:
+  struct Checker;  ///< check mode's state (opaque; defined in process_group.cpp)
+
+ private:
+  std::shared_ptr<Checker> checker_;
+};
+
+/// Backend names built into this binary, "mpi" first.
+std::vector<std::string> available_backends();
+/// Creates the group; throws mpiddp::Error for a backend that is not built or cannot start.
+/// Collective over runtime.world().
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, const Runtime& runtime,
+                                                 const CommOptions& options = CommOptions::from_environment());
+
+}  // namespace mpiddp

@@ -1,0 +1,226 @@
+// The mpi backend: non-blocking MPI collectives on CPU tensors (and CUDA tensors where the MPI
+// library is CUDA-aware). MPI has no bfloat16/float16 types: they travel as 2-byte opaque
+// elements and are reduced by user-defined ops that compute in float32 and round once per
+// pairwise combination, as NCCL does.
+#include <mpiddp/error.hpp>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <climits>
+
+#include "comm/backends.hpp"
+#include "comm/work.hpp"
+#include "common/check.hpp"
+#include "common/check_cuda.hpp"
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+namespace mpiddp::detail {
+namespace {
+
+template <typename T, typename F>
+void combine(void* in, void* inout, int* len, F f) {
+  auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = T(f(static_cast<float>(a[i]), static_cast<float>(b[i])));
+}
+
+template <typename T>
+void sum_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine<T>(in, inout, len, [](float x, float y) { return x + y; });
+}
+template <typename T>
+void min_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine<T>(in, inout, len, [](float x, float y) { return x < y ? x : y; });
+}
+template <typename T>
+void max_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine<T>(in, inout, len, [](float x, float y) { return x > y ? x : y; });
+}
+
+bool mpi_is_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
+class MpiWork : public PollingWork {
+ public:
+  MpiWork(std::string what, std::chrono::milliseconds timeout, MPI_Request request, std::vector<torch::Tensor> keep,
+          std::function<void()> finish)
+      : PollingWork(std::move(what), timeout), request_(request), keep_(std::move(keep)), finish_(std::move(finish)) {}
+  ~MpiWork() override {
+    if (!done_) wait_or_abort();
+  }
+
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    MPIDDP_CHECK_MPI(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
+    if (!flag) return false;
+    done_ = true;
+    if (finish_) finish_();
+    keep_.clear();
+    return true;
+  }
+
+ private:
+  MPI_Request request_;
+  std::vector<torch::Tensor> keep_;  // buffers MPI reads or writes stay alive until completion
+  std::function<void()> finish_;
+  bool done_ = false;
+};
+
+class MpiProcessGroup : public ProcessGroup {
+ public:
+  MpiProcessGroup(const Runtime& runtime, const CommOptions& options)
+      : ProcessGroup(runtime, options), cuda_aware_(mpi_is_cuda_aware()) {
+    MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &comm_));
+    MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPIDDP_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, &half_type_));
+    MPIDDP_CHECK_MPI(MPI_Type_commit(&half_type_));
+    MPIDDP_CHECK_MPI(MPI_Op_create(&sum_fn<c10::BFloat16>, 1, &bf16_ops_[0]));
+    MPIDDP_CHECK_MPI(MPI_Op_create(&min_fn<c10::BFloat16>, 1, &bf16_ops_[1]));
+    MPIDDP_CHECK_MPI(MPI_Op_create(&max_fn<c10::BFloat16>, 1, &bf16_ops_[2]));
+    MPIDDP_CHECK_MPI(MPI_Op_create(&sum_fn<c10::Half>, 1, &fp16_ops_[0]));
+    MPIDDP_CHECK_MPI(MPI_Op_create(&min_fn<c10::Half>, 1, &fp16_ops_[1]));
+    MPIDDP_CHECK_MPI(MPI_Op_create(&max_fn<c10::Half>, 1, &fp16_ops_[2]));
+  }
+
+  ~MpiProcessGroup() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (auto* ops : {bf16_ops_, fp16_ops_}) {
+      for (int i = 0; i < 3; ++i) MPI_Op_free(&ops[i]);
+    }
+    MPI_Type_free(&half_type_);
+    MPI_Comm_free(&comm_);
+  }
+
+  std::string backend() const override { return "mpi"; }
+  bool cuda_aware() const { return cuda_aware_; }
+
+ protected:
+  void check_device(const c10::Device& device, const std::string& what) const override {
+    if (device.is_cpu() || (device.is_cuda() && cuda_aware_)) return;
+    MPIDDP_THROW(what + ": the mpi backend takes CPU tensors" +
+                 std::string(device.is_cuda() ? " (this MPI library is not CUDA-aware; use the nccl backend)" : "") +
+                 ", got one on " + device.str());
+  }
+
+  WorkHandle launch(const Call& c) override {
+    MPI_Request req = MPI_REQUEST_NULL;
+    const auto timeout = options().timeout;
+    if (c.kind == Collective::kBarrier) {
+      MPIDDP_CHECK_MPI(MPI_Ibarrier(comm_, &req));
+      return std::make_unique<MpiWork>(c.describe(), timeout, req, std::vector<torch::Tensor>{}, nullptr);
+    }
+    const MPI_Datatype type = datatype(c.input.scalar_type());
+#if MPIDDP_HAS_CUDA
+    // CUDA-aware MPI reads device memory directly: kernels producing it must have finished.
+    if (c.input.is_cuda()) MPIDDP_CHECK_CUDA(cudaDeviceSynchronize());
+#endif
+    const int n = size();
+    std::vector<torch::Tensor> keep = {c.input, c.output};
+    std::function<void()> finish;
+    switch (c.kind) {
+      case Collective::kAllreduce: {
+        const int count = checked_count(c.input.numel());
+        MPIDDP_CHECK_MPI(MPI_Iallreduce(c.in_place ? MPI_IN_PLACE : c.input.data_ptr(), c.output.data_ptr(), count,
+                                        type, mpi_op(c.op, c.input.scalar_type()), comm_, &req));
+        if (c.op == ReduceOp::kAvg) {
+          torch::Tensor out = c.output;
+          finish = [out, n] { out.div_(n); };
+        }
+        break;
+      }
+      case Collective::kBroadcast: {
+        if (!c.in_place && rank() == c.root) c.output.copy_(c.input);
+        MPIDDP_CHECK_MPI(
+            MPI_Ibcast(c.output.data_ptr(), checked_count(c.output.numel()), type, c.root, comm_, &req));
+        break;
+      }
+      case Collective::kAllgather: {
+        const int count = checked_count(c.input.numel());
+        MPIDDP_CHECK_MPI(MPI_Iallgather(c.in_place ? MPI_IN_PLACE : c.input.data_ptr(), count, type,
+                                        c.output.data_ptr(), count, type, comm_, &req));
+        break;
+      }
+      case Collective::kReduceScatter: {
+        const int count = checked_count(c.output.numel());
+        checked_count(c.input.numel());
+        // MPI's in-place layout differs from nccl-tests' (output = this rank's slice of the
+        // input), so an in-place call receives into a scratch buffer.
+        torch::Tensor target = c.in_place ? torch::empty_like(c.output) : c.output;
+        keep.push_back(target);
+        MPIDDP_CHECK_MPI(MPI_Ireduce_scatter_block(c.input.data_ptr(), target.data_ptr(), count, type,
+                                                   mpi_op(c.op, c.input.scalar_type()), comm_, &req));
+        torch::Tensor out = c.output;
+        const bool avg = c.op == ReduceOp::kAvg, copy = c.in_place;
+        if (avg || copy) {
+          finish = [out, target, n, avg, copy] {
+            if (copy) out.copy_(target);
+            if (avg) out.div_(n);
+          };
+        }
+        break;
+      }
+      case Collective::kAlltoall: {
+        const int count = checked_count(c.input.numel() / n);
+        torch::Tensor source = c.in_place ? c.input.clone() : c.input;
+        keep.push_back(source);
+        MPIDDP_CHECK_MPI(
+            MPI_Ialltoall(source.data_ptr(), count, type, c.output.data_ptr(), count, type, comm_, &req));
+        break;
+      }
+      case Collective::kBarrier:
+        break;
+    }
+    return std::make_unique<MpiWork>(c.describe(), timeout, req, std::move(keep), std::move(finish));
+  }
+
+ private:
+  static int checked_count(int64_t n) {
+    MPIDDP_CHECK(n <= INT_MAX, "mpi backend: " + std::to_string(n) + " elements exceed MPI's int count; split the tensor");
+    return static_cast<int>(n);
+  }
+
+  MPI_Datatype datatype(c10::ScalarType t) const {
+    switch (t) {
+      case c10::kFloat: return MPI_FLOAT;
+      case c10::kDouble: return MPI_DOUBLE;
+      case c10::kInt: return MPI_INT32_T;
+      case c10::kLong: return MPI_INT64_T;
+      case c10::kBFloat16:
+      case c10::kHalf: return half_type_;
+      default: MPIDDP_THROW("mpi backend: no MPI type for " + dtype_name(t));
+    }
+  }
+
+  MPI_Op mpi_op(ReduceOp op, c10::ScalarType t) const {
+    const int i = op == ReduceOp::kMin ? 1 : op == ReduceOp::kMax ? 2 : 0;  // avg = sum, then divide
+    if (t == c10::kBFloat16) return bf16_ops_[i];
+    if (t == c10::kHalf) return fp16_ops_[i];
+    return i == 1 ? MPI_MIN : i == 2 ? MPI_MAX : MPI_SUM;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
+  MPI_Op bf16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  MPI_Op fp16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  bool cuda_aware_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_mpi_group(const Runtime& runtime, const CommOptions& options) {
+  return std::make_unique<MpiProcessGroup>(runtime, options);
+}
+
+}  // namespace mpiddp::detail

@@ -1,0 +1,190 @@
+// The nccl backend: CUDA tensors over an NCCL communicator that MPI bootstraps (rank 0's
+// ncclUniqueId travels by MPI_Bcast; no store, no environment variables). Collectives run on the
+// group's own non-blocking CUDA stream, ordered after the default stream's work by an event; a
+// handle completes when its event has fired. Raw CUDA streams and events keep this file free of
+// libtorch's CUDA API, so it compiles against a CPU-only libtorch.
+#include <mpiddp/error.hpp>
+
+#include "comm/backends.hpp"
+#include "comm/work.hpp"
+#include "common/check.hpp"
+#include "common/check_cuda.hpp"
+
+namespace mpiddp::detail {
+namespace {
+
+ncclDataType_t nccl_type(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return ncclFloat32;
+    case c10::kDouble: return ncclFloat64;
+    case c10::kBFloat16: return ncclBfloat16;
+    case c10::kHalf: return ncclFloat16;
+    case c10::kInt: return ncclInt32;
+    case c10::kLong: return ncclInt64;
+    default: MPIDDP_THROW("nccl backend: no NCCL type for " + dtype_name(t));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+class NcclWork : public PollingWork {
+ public:
+  NcclWork(std::string what, std::chrono::milliseconds timeout, ncclComm_t comm, cudaEvent_t done,
+           std::vector<torch::Tensor> keep)
+      : PollingWork(std::move(what), timeout), comm_(comm), done_event_(done), keep_(std::move(keep)) {}
+  ~NcclWork() override {
+    if (!done_ && !aborted_) wait_or_abort();
+    cudaEventDestroy(done_event_);
+  }
+
+  bool test() override {
+    if (done_) return true;
+    cudaError_t q = cudaEventQuery(done_event_);
+    if (q == cudaSuccess) {
+      // Later work on the default stream must see the results.
+      MPIDDP_CHECK_CUDA(cudaStreamWaitEvent(0, done_event_, 0));
+      done_ = true;
+      keep_.clear();
+      return true;
+    }
+    MPIDDP_CHECK(q == cudaErrorNotReady, std::string("CUDA error while waiting for ") + what() + ": " +
+                                             cudaGetErrorString(q));
+    ncclResult_t async = ncclSuccess;
+    MPIDDP_CHECK_NCCL(ncclCommGetAsyncError(comm_, &async));
+    MPIDDP_CHECK(async == ncclSuccess || async == ncclInProgress,
+                 std::string("NCCL failed during ") + what() + ": " + ncclGetErrorString(async));
+    return false;
+  }
+
+ protected:
+  void on_timeout() override {
+    // Frees the GPU from the stuck kernel; the communicator (and so the group) is unusable after.
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+
+ private:
+  ncclComm_t comm_;
+  cudaEvent_t done_event_;
+  std::vector<torch::Tensor> keep_;
+  bool done_ = false;
+  bool aborted_ = false;
+};
+
+class NcclProcessGroup : public ProcessGroup {
+ public:
+  NcclProcessGroup(const Runtime& runtime, const CommOptions& options)
+      : ProcessGroup(runtime, options), device_(runtime.device()) {
+    // Every rank must have a GPU before any rank blocks in the id broadcast below.
+    const bool has_gpu = device_.is_cuda();
+    if (!all_ok(runtime.world(), has_gpu)) {
+      MPIDDP_THROW(has_gpu ? std::string("nccl backend: another rank has no GPU")
+                           : "nccl backend: rank " + std::to_string(runtime.rank()) + " sees no GPU (" +
+                                 std::to_string(runtime.visible_gpus()) + " visible)");
+    }
+    // Two ranks on one GPU cannot share an NCCL communicator ("Duplicate GPU detected").
+    MPIDDP_CHECK(runtime.local_size() <= runtime.visible_gpus(),
+                 "nccl backend: " + std::to_string(runtime.local_size()) + " ranks on node " +
+                     std::to_string(runtime.node_rank()) + " but only " + std::to_string(runtime.visible_gpus()) +
+                     " GPU(s); NCCL needs one GPU per rank");
+    MPIDDP_CHECK_CUDA(cudaSetDevice(device_.index()));
+    ncclUniqueId id;
+    if (runtime.rank() == 0) MPIDDP_CHECK_NCCL(ncclGetUniqueId(&id));
+    MPIDDP_CHECK_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, runtime.world()));
+    MPIDDP_CHECK_NCCL(ncclCommInitRank(&comm_, runtime.size(), id, runtime.rank()));
+    MPIDDP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    MPIDDP_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    MPIDDP_CHECK_CUDA(cudaMalloc(&barrier_buf_, sizeof(float)));
+  }
+
+  ~NcclProcessGroup() override {
+    if (barrier_buf_) cudaFree(barrier_buf_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (comm_) ncclCommDestroy(comm_);
+  }
+
+  std::string backend() const override { return "nccl"; }
+
+ protected:
+  void check_device(const c10::Device& device, const std::string& what) const override {
+    MPIDDP_CHECK(device == device_, what + ": the nccl backend on this rank takes tensors on " + device_.str() +
+                                        ", got one on " + device.str());
+  }
+
+  WorkHandle launch(const Call& c) override {
+    MPIDDP_CHECK_CUDA(cudaSetDevice(device_.index()));
+    // The group's stream starts after everything already queued on the default stream.
+    MPIDDP_CHECK_CUDA(cudaEventRecord(ready_, 0));
+    MPIDDP_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0));
+    std::vector<torch::Tensor> keep = {c.input, c.output};
+    if (c.kind == Collective::kBarrier) {
+      MPIDDP_CHECK_NCCL(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
+    } else {
+      const auto type = nccl_type(c.input.scalar_type());
+      const int n = size();
+      void* in = c.input.data_ptr();
+      void* out = c.output.data_ptr();
+      switch (c.kind) {
+        case Collective::kAllreduce:
+          MPIDDP_CHECK_NCCL(ncclAllReduce(in, out, static_cast<size_t>(c.input.numel()), type, nccl_op(c.op), comm_, stream_));
+          break;
+        case Collective::kBroadcast:
+          MPIDDP_CHECK_NCCL(ncclBroadcast(in, out, static_cast<size_t>(c.output.numel()), type, c.root, comm_, stream_));
+          break;
+        case Collective::kAllgather:  // in place: input is this rank's slice of the output, as NCCL allows
+          MPIDDP_CHECK_NCCL(ncclAllGather(in, out, static_cast<size_t>(c.input.numel()), type, comm_, stream_));
+          break;
+        case Collective::kReduceScatter:  // in place: output is this rank's slice of the input
+          MPIDDP_CHECK_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(c.output.numel()), type, nccl_op(c.op),
+                                              comm_, stream_));
+          break;
+        case Collective::kAlltoall: {
+          // NCCL has no alltoall: grouped point-to-point, as PyTorch's ProcessGroupNCCL does.
+          torch::Tensor source = c.in_place ? c.input.clone() : c.input;
+          keep.push_back(source);
+          const size_t chunk = static_cast<size_t>(c.input.numel() / n);
+          const size_t bytes = chunk * static_cast<size_t>(c.input.element_size());
+          auto* src = static_cast<char*>(source.data_ptr());
+          auto* dst = static_cast<char*>(out);
+          MPIDDP_CHECK_NCCL(ncclGroupStart());
+          for (int r = 0; r < n; ++r) {
+            MPIDDP_CHECK_NCCL(ncclSend(src + r * bytes, chunk, type, r, comm_, stream_));
+            MPIDDP_CHECK_NCCL(ncclRecv(dst + r * bytes, chunk, type, r, comm_, stream_));
+          }
+          MPIDDP_CHECK_NCCL(ncclGroupEnd());
+          break;
+        }
+        case Collective::kBarrier:
+          break;
+      }
+    }
+    cudaEvent_t done = nullptr;
+    MPIDDP_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    MPIDDP_CHECK_CUDA(cudaEventRecord(done, stream_));
+    return std::make_unique<NcclWork>(c.describe(), options().timeout, comm_, done, std::move(keep));
+  }
+
+ private:
+  c10::Device device_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  void* barrier_buf_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_nccl_group(const Runtime& runtime, const CommOptions& options) {
+  return std::make_unique<NcclProcessGroup>(runtime, options);
+}
+
+}  // namespace mpiddp::detail

@@ -1,0 +1,500 @@
+#include <mpiddp/comm.hpp>
+#include <mpiddp/config.hpp>
+#include <mpiddp/error.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "comm/backends.hpp"
+#include "comm/work.hpp"
+#include "common/check.hpp"
+
+namespace mpiddp {
+
+// ---- names ---------------------------------------------------------------------------------
+
+namespace {
+
+const std::vector<std::pair<ReduceOp, std::string>> kOpNames = {
+    {ReduceOp::kSum, "sum"}, {ReduceOp::kAvg, "avg"}, {ReduceOp::kMin, "min"}, {ReduceOp::kMax, "max"}};
+const std::vector<std::pair<Collective, std::string>> kCollectiveNames = {
+    {Collective::kAllreduce, "allreduce"},         {Collective::kBroadcast, "broadcast"},
+    {Collective::kAllgather, "allgather"},         {Collective::kReduceScatter, "reduce_scatter"},
+    {Collective::kAlltoall, "alltoall"},           {Collective::kBarrier, "barrier"}};
+const std::vector<std::pair<c10::ScalarType, std::string>> kDtypeNames = {
+    {c10::kFloat, "float32"}, {c10::kDouble, "float64"}, {c10::kBFloat16, "bfloat16"},
+    {c10::kHalf, "float16"},  {c10::kInt, "int32"},      {c10::kLong, "int64"}};
+
+template <typename E>
+std::string name_of(const std::vector<std::pair<E, std::string>>& table, E value) {
+  for (const auto& [v, n] : table) {
+    if (v == value) return n;
+  }
+  return "?";
+}
+
+template <typename E>
+E parse_name(const std::vector<std::pair<E, std::string>>& table, const std::string& name, const char* what) {
+  std::string accepted;
+  for (const auto& [v, n] : table) {
+    if (n == name) return v;
+    accepted += (accepted.empty() ? "" : "|") + n;
+  }
+  MPIDDP_THROW(std::string("unknown ") + what + " '" + name + "' (expected " + accepted + ")");
+}
+
+}  // namespace
+
+std::string to_string(ReduceOp op) { return name_of(kOpNames, op); }
+std::string to_string(Collective c) { return name_of(kCollectiveNames, c); }
+ReduceOp parse_reduce_op(const std::string& name) { return parse_name(kOpNames, name, "reduction op"); }
+Collective parse_collective(const std::string& name) { return parse_name(kCollectiveNames, name, "collective"); }
+c10::ScalarType parse_dtype(const std::string& name) { return parse_name(kDtypeNames, name, "dtype"); }
+std::string dtype_name(c10::ScalarType t) {
+  std::string n = name_of(kDtypeNames, t);
+  return n == "?" ? std::string(c10::toString(t)) : n;
+}
+bool is_supported_dtype(c10::ScalarType t) { return name_of(kDtypeNames, t) != "?"; }
+
+CommOptions CommOptions::from_environment() {
+  CommOptions o;
+  if (const char* t = std::getenv("MPIDDP_COMM_TIMEOUT"); t && *t) {
+    char* end = nullptr;
+    double seconds = std::strtod(t, &end);
+    MPIDDP_CHECK(*end == '\0' && seconds > 0, std::string("MPIDDP_COMM_TIMEOUT must be a positive number of seconds, got '") + t + "'");
+    o.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
+  }
+  if (const char* c = std::getenv("MPIDDP_CHECK_COLLECTIVES"); c && *c) {
+    std::string v = c;
+    MPIDDP_CHECK(v == "0" || v == "1", "MPIDDP_CHECK_COLLECTIVES must be 0 or 1, got '" + v + "'");
+    o.check_collectives = v == "1";
+  }
+  return o;
+}
+
+// ---- Work ----------------------------------------------------------------------------------
+
+namespace detail {
+
+PollingWork::PollingWork(std::string what, std::chrono::milliseconds timeout)
+    : what_(std::move(what)), timeout_(timeout), start_(std::chrono::steady_clock::now()) {}
+
+void PollingWork::wait() {
+  // Spin briefly (small messages finish in microseconds), then yield, then sleep: a waiting rank
+  // should not steal a core from the rank it waits for on an oversubscribed node.
+  int polls = 0;
+  while (!test()) {
+    ++polls;
+    if (std::chrono::steady_clock::now() - start_ > timeout_) {
+      on_timeout();
+      std::ostringstream msg;
+      msg << what_ << " did not complete within " << static_cast<double>(timeout_.count()) / 1000.0 << " s: "
+          << who_is_missing();
+      throw CollectiveTimeout(msg.str(), __FILE__, __LINE__);
+    }
+    if (polls > 20000) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else if (polls > 1000) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+std::string PollingWork::who_is_missing() {
+  return "the late ranks are named in check mode only (MPIDDP_CHECK_COLLECTIVES=1)";
+}
+
+void PollingWork::wait_or_abort() noexcept {
+  try {
+    wait();
+  } catch (const CollectiveMismatch&) {
+    // Every rank refused it before launching: nothing is in flight.
+  } catch (const std::exception& e) {
+    std::cerr << "mpiddp: fatal: " << e.what() << " (while discarding its handle); aborting the job" << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
+}  // namespace detail
+
+// ---- check mode ----------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int kDescriptorTag = 7;
+
+// What one rank says it is about to do; exchanged as raw bytes between identical binaries.
+struct Descriptor {
+  uint64_t seq;
+  int32_t kind, dtype, op, root, ndim;
+  int64_t in_numel, out_numel;
+  int64_t shape[kMaxDims];
+
+  bool same_as(const Descriptor& o) const {
+    return seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op && root == o.root && ndim == o.ndim &&
+           in_numel == o.in_numel && out_numel == o.out_numel &&
+           std::equal(shape, shape + std::min(ndim, kMaxDims), o.shape);
+  }
+  std::string describe() const {
+    std::ostringstream s;
+    const auto k = static_cast<Collective>(kind);
+    s << to_string(k);
+    if (k == Collective::kBarrier) return s.str();
+    s << "(" << dtype_name(static_cast<c10::ScalarType>(dtype)) << "[";
+    for (int i = 0; i < std::min(ndim, kMaxDims); ++i) s << (i ? "," : "") << shape[i];
+    s << "]";
+    if (k == Collective::kAllreduce || k == Collective::kReduceScatter) s << ", " << to_string(static_cast<ReduceOp>(op));
+    if (k == Collective::kBroadcast) s << ", root " << root;
+    s << ")";
+    return s.str();
+  }
+};
+
+Descriptor describe(const ProcessGroup::Call& c) {
+  Descriptor d{};
+  d.seq = c.seq;
+  d.kind = static_cast<int32_t>(c.kind);
+  d.op = c.kind == Collective::kAllreduce || c.kind == Collective::kReduceScatter ? static_cast<int32_t>(c.op) : 0;
+  d.root = c.kind == Collective::kBroadcast ? c.root : 0;
+  if (c.kind != Collective::kBarrier) {
+    d.dtype = static_cast<int32_t>(c.input.scalar_type());
+    d.ndim = static_cast<int32_t>(c.input.dim());
+    for (int i = 0; i < std::min(d.ndim, kMaxDims); ++i) d.shape[i] = c.input.size(i);
+    d.in_numel = c.input.numel();
+    d.out_numel = c.output.numel();
+  }
+  return d;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+}  // namespace
+
+// Check mode: every collective's descriptor goes to every peer before the collective is launched.
+// Launches happen strictly in issue order (a later collective never overtakes an earlier one whose
+// descriptors are still in flight), so every rank launches the same sequence.
+struct ProcessGroup::Checker {
+  struct Pending {
+    Call call;
+    Descriptor mine{};
+    std::vector<Descriptor> theirs;
+    std::vector<MPI_Request> recvs, sends;
+    std::vector<bool> arrived;
+    bool exchanged = false;
+    WorkHandle inner;
+    std::exception_ptr error;
+  };
+
+  ProcessGroup* pg;
+  MPI_Comm comm;
+  std::deque<std::shared_ptr<Pending>> queue;
+
+  std::shared_ptr<Pending> post(Call call) {
+    auto p = std::make_shared<Pending>();
+    p->mine = describe(call);
+    p->call = std::move(call);
+    const int n = pg->size(), me = pg->rank();
+    p->theirs.assign(static_cast<size_t>(n), Descriptor{});
+    p->theirs[static_cast<size_t>(me)] = p->mine;
+    p->arrived.assign(static_cast<size_t>(n), false);
+    p->arrived[static_cast<size_t>(me)] = true;
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      MPI_Request rq;
+      MPIDDP_CHECK_MPI(MPI_Irecv(&p->theirs[static_cast<size_t>(r)], sizeof(Descriptor), MPI_BYTE, r, kDescriptorTag,
+                                 comm, &rq));
+      p->recvs.push_back(rq);
+      MPIDDP_CHECK_MPI(MPI_Isend(&p->mine, sizeof(Descriptor), MPI_BYTE, r, kDescriptorTag, comm, &rq));
+      p->sends.push_back(rq);
+    }
+    queue.push_back(p);
+    progress();
+    return p;
+  }
+
+  void progress() {
+    while (!queue.empty()) {
+      auto& p = *queue.front();
+      if (!exchange_done(p)) return;
+      p.exchanged = true;
+      try {
+        check_agreement(p);
+        p.inner = pg->launch(p.call);
+      } catch (...) {
+        p.error = std::current_exception();
+      }
+      queue.pop_front();
+    }
+  }
+
+  bool exchange_done(Pending& p) {
+    const int me = pg->rank();
+    bool all = true;
+    for (size_t i = 0, r = 0; r < p.arrived.size(); ++r) {
+      if (static_cast<int>(r) == me) continue;
+      if (!p.arrived[r]) {
+        int flag = 0;
+        MPIDDP_CHECK_MPI(MPI_Test(&p.recvs[i], &flag, MPI_STATUS_IGNORE));
+        p.arrived[r] = flag != 0;
+      }
+      all = all && p.arrived[r];
+      ++i;
+    }
+    if (!all) return false;
+    int flag = 0;
+    MPIDDP_CHECK_MPI(MPI_Testall(static_cast<int>(p.sends.size()), p.sends.data(), &flag, MPI_STATUSES_IGNORE));
+    return flag != 0;
+  }
+
+  // Every rank holds every descriptor, so every rank reaches the same verdict and none launches.
+  void check_agreement(const Pending& p) {
+    std::map<std::string, std::vector<int>> ranks_by_call;
+    bool same = true;
+    for (size_t r = 0; r < p.theirs.size(); ++r) {
+      same = same && p.theirs[r].same_as(p.theirs[0]);
+      ranks_by_call[p.theirs[r].describe()].push_back(static_cast<int>(r));
+    }
+    if (same) return;
+    std::string msg = "collective mismatch at #" + std::to_string(p.mine.seq) + ":";
+    for (const auto& [call, ranks] : ranks_by_call) msg += " " + rank_list(ranks) + " issued " + call + ";";
+    msg.pop_back();
+    throw CollectiveMismatch(msg, __FILE__, __LINE__);
+  }
+
+  std::string missing(const Pending& p) const {
+    std::vector<int> late;
+    for (size_t r = 0; r < p.arrived.size(); ++r) {
+      if (!p.arrived[r]) late.push_back(static_cast<int>(r));
+    }
+    if (late.empty()) return "every rank arrived; the collective itself stalled (a rank may have died)";
+    return rank_list(late) + (late.size() == 1 ? " has" : " have") + " not arrived";
+  }
+};
+
+namespace {
+
+class CheckedWork : public detail::PollingWork {
+ public:
+  CheckedWork(std::shared_ptr<ProcessGroup::Checker> checker, std::shared_ptr<ProcessGroup::Checker::Pending> p,
+              std::chrono::milliseconds timeout)
+      : PollingWork(p->call.describe(), timeout), checker_(std::move(checker)), p_(std::move(p)) {}
+  ~CheckedWork() override {
+    if (!done_) wait_or_abort();
+  }
+
+  bool test() override {
+    if (done_) return true;
+    checker_->progress();
+    if (p_->error) std::rethrow_exception(p_->error);
+    if (!p_->inner) return false;
+    done_ = p_->inner->test();
+    return done_;
+  }
+
+ protected:
+  std::string who_is_missing() override { return checker_->missing(*p_); }
+
+ private:
+  std::shared_ptr<ProcessGroup::Checker> checker_;
+  std::shared_ptr<ProcessGroup::Checker::Pending> p_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+// ---- ProcessGroup --------------------------------------------------------------------------
+
+std::string ProcessGroup::Call::describe() const {
+  Descriptor d = mpiddp::describe(*this);
+  std::string s = d.describe();
+  auto paren = s.find('(');
+  std::string head = paren == std::string::npos ? s : s.substr(0, paren);
+  std::string tail = paren == std::string::npos ? "" : " " + s.substr(paren);
+  return head + " #" + std::to_string(seq) + tail;
+}
+
+ProcessGroup::ProcessGroup(const Runtime& runtime, CommOptions options)
+    : runtime_(runtime), options_(options), rank_(runtime.rank()), size_(runtime.size()) {
+  if (options_.check_collectives) {
+    MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &control_));
+    MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN));
+    checker_ = std::make_shared<Checker>();
+    checker_->pg = this;
+    checker_->comm = control_;
+  }
+}
+
+ProcessGroup::~ProcessGroup() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (control_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&control_);
+}
+
+bool ProcessGroup::supports(Collective c, c10::ScalarType dtype, ReduceOp op) const {
+  if (c == Collective::kBarrier) return true;
+  if (!is_supported_dtype(dtype)) return false;
+  const bool reduces = c == Collective::kAllreduce || c == Collective::kReduceScatter;
+  // An average of integers is not an integer; PyTorch's NCCL and Gloo refuse it as well.
+  return !(reduces && op == ReduceOp::kAvg && !c10::isFloatingType(dtype));
+}
+
+void ProcessGroup::validate(const Call& c) const {
+  if (c.kind == Collective::kBarrier) return;
+  const std::string what = to_string(c.kind);
+  MPIDDP_CHECK(c.input.defined() && c.output.defined(), what + ": undefined tensor");
+  const auto dtype = c.input.scalar_type();
+  MPIDDP_CHECK(is_supported_dtype(dtype), what + ": unsupported dtype " + dtype_name(dtype) +
+                                              " (collectives take float32, float64, bfloat16, float16, int32, int64)");
+  MPIDDP_CHECK(c.output.scalar_type() == dtype,
+               what + ": input is " + dtype_name(dtype) + " but output is " + dtype_name(c.output.scalar_type()));
+  MPIDDP_CHECK(c.input.is_contiguous() && c.output.is_contiguous(),
+               what + ": tensors must be contiguous (call .contiguous() first)");
+  MPIDDP_CHECK(c.input.device() == c.output.device(), what + ": input on " + c.input.device().str() +
+                                                          " but output on " + c.output.device().str());
+  check_device(c.input.device(), what);
+  MPIDDP_CHECK(supports(c.kind, dtype, c.op),
+               backend() + " does not support " + what + " of " + dtype_name(dtype) +
+                   (c.kind == Collective::kAllreduce || c.kind == Collective::kReduceScatter ? " with " + to_string(c.op)
+                                                                                              : std::string()));
+  const int64_t n = size_, in = c.input.numel(), out = c.output.numel();
+  switch (c.kind) {
+    case Collective::kAllreduce:
+    case Collective::kBroadcast:
+      MPIDDP_CHECK(in == out, what + ": input has " + std::to_string(in) + " elements but output " + std::to_string(out));
+      break;
+    case Collective::kAllgather:
+      MPIDDP_CHECK(out == in * n, what + ": output needs world size x input = " + std::to_string(in * n) +
+                                      " elements, has " + std::to_string(out));
+      break;
+    case Collective::kReduceScatter:
+      MPIDDP_CHECK(in == out * n, what + ": input needs world size x output = " + std::to_string(out * n) +
+                                      " elements, has " + std::to_string(in));
+      break;
+    case Collective::kAlltoall:
+      MPIDDP_CHECK(in == out && in % n == 0, what + ": input and output need the same element count, divisible by "
+                                                    "the world size " + std::to_string(n) + "; got " +
+                                                    std::to_string(in) + " and " + std::to_string(out));
+      break;
+    case Collective::kBarrier:
+      break;
+  }
+  MPIDDP_CHECK(c.kind != Collective::kBroadcast || (c.root >= 0 && c.root < size_),
+               what + ": root " + std::to_string(c.root) + " outside a world of " + std::to_string(size_));
+}
+
+namespace {
+
+// Where `part` lies inside `whole`, in elements, or -1 if it is not a slice of it.
+int64_t offset_within(const torch::Tensor& part, const torch::Tensor& whole) {
+  if (part.numel() == 0 || whole.numel() == 0) return -1;
+  const auto* p = static_cast<const char*>(part.data_ptr());
+  const auto* w = static_cast<const char*>(whole.data_ptr());
+  const auto bytes = static_cast<int64_t>(whole.element_size());
+  if (p < w || p >= w + whole.numel() * bytes) return -1;
+  return (p - w) / bytes;
+}
+
+}  // namespace
+
+WorkHandle ProcessGroup::issue(Call call) {
+  validate(call);
+  call.seq = ++seq_;
+  if (call.kind != Collective::kBarrier) {
+    switch (call.kind) {
+      case Collective::kAllgather:  // input is this rank's slice of the output
+        call.in_place = offset_within(call.input, call.output) == rank_ * call.input.numel();
+        break;
+      case Collective::kReduceScatter:  // output is this rank's slice of the input
+        call.in_place = offset_within(call.output, call.input) == rank_ * call.output.numel();
+        break;
+      default:
+        call.in_place = call.input.numel() > 0 && call.input.data_ptr() == call.output.data_ptr();
+    }
+  }
+  if (!checker_) return launch(call);
+  auto pending = checker_->post(std::move(call));
+  return std::make_unique<CheckedWork>(checker_, pending, options_.timeout);
+}
+
+WorkHandle ProcessGroup::allreduce_async(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op) {
+  Call c;
+  c.kind = Collective::kAllreduce;
+  c.input = input;
+  c.output = output;
+  c.op = op;
+  return issue(std::move(c));
+}
+
+WorkHandle ProcessGroup::broadcast_async(const torch::Tensor& input, const torch::Tensor& output, int root) {
+  Call c;
+  c.kind = Collective::kBroadcast;
+  c.input = input;
+  c.output = output;
+  c.root = root;
+  return issue(std::move(c));
+}
+
+WorkHandle ProcessGroup::allgather_async(const torch::Tensor& input, const torch::Tensor& output) {
+  Call c;
+  c.kind = Collective::kAllgather;
+  c.input = input;
+  c.output = output;
+  return issue(std::move(c));
+}
+
+WorkHandle ProcessGroup::reduce_scatter_async(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op) {
+  Call c;
+  c.kind = Collective::kReduceScatter;
+  c.input = input;
+  c.output = output;
+  c.op = op;
+  return issue(std::move(c));
+}
+
+WorkHandle ProcessGroup::alltoall_async(const torch::Tensor& input, const torch::Tensor& output) {
+  Call c;
+  c.kind = Collective::kAlltoall;
+  c.input = input;
+  c.output = output;
+  return issue(std::move(c));
+}
+
+WorkHandle ProcessGroup::barrier_async() {
+  Call c;
+  c.kind = Collective::kBarrier;
+  return issue(std::move(c));
+}
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> b = {"mpi"};
+  if (MPIDDP_HAS_NCCL) b.push_back("nccl");
+  if (MPIDDP_HAS_GLOO) b.push_back("gloo");
+  return b;
+}
+
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, const Runtime& runtime,
+                                                 const CommOptions& options) {
+  if (backend == "mpi") return detail::make_mpi_group(runtime, options);
+#if MPIDDP_HAS_NCCL
+  if (backend == "nccl") return detail::make_nccl_group(runtime, options);
+#endif
+#if MPIDDP_HAS_GLOO
+  if (backend == "gloo") return detail::make_gloo_group(runtime, options);
+#endif
+  std::string built;
+  for (const auto& b : available_backends()) built += (built.empty() ? "" : "|") + b;
+  MPIDDP_THROW("backend '" + backend + "' is not built into this mpiddp (available: " + built + ")");
+}
+
+}  // namespace mpiddp

@@ -1,0 +1,356 @@
+// Every collective x backend x dtype x op, in place and out of place, at odd counts, against
+// values each rank computes by formula. Runs at 1..4 ranks; groups run in check mode.
+#include <mpiddp/comm.hpp>
+
+#include <torch/torch.h>
+
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "mpi_test.hpp"
+
+using mpiddp::Collective;
+using mpiddp::ReduceOp;
+using mpiddp::testing::on_all_ranks;
+using mpiddp::testing::runtime;
+
+namespace {
+
+// Small integers: exact in every dtype, and so are their sums, minima and maxima over 4 ranks.
+double v(int r, int64_t i) { return static_cast<double>((r * 3 + i) % 5 + 1); }
+
+double reduce_ref(ReduceOp op, int n, int64_t i) {
+  double acc = v(0, i);
+  for (int r = 1; r < n; ++r) {
+    const double x = v(r, i);
+    acc = op == ReduceOp::kMin ? std::min(acc, x) : op == ReduceOp::kMax ? std::max(acc, x) : acc + x;
+  }
+  return op == ReduceOp::kAvg ? acc / n : acc;
+}
+
+torch::Tensor filled(int r, int64_t count, c10::ScalarType dtype, int64_t first = 0) {
+  auto t = torch::empty({count}, torch::kDouble);
+  auto acc = t.accessor<double, 1>();
+  for (int64_t i = 0; i < count; ++i) acc[i] = v(r, first + i);
+  return t.to(dtype);
+}
+
+double tolerance(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBFloat16: return 1e-2;
+    case c10::kHalf: return 1e-3;
+    case c10::kFloat: return 1e-6;
+    default: return 1e-12;
+  }
+}
+
+// Counts elements of `got` that differ from `expected` (relative tolerance for averages).
+int64_t count_wrong(const torch::Tensor& got, const std::vector<double>& expected, double tol) {
+  auto g = got.reshape(-1).to(torch::kDouble).contiguous();
+  auto acc = g.accessor<double, 1>();
+  int64_t wrong = static_cast<int64_t>(expected.size()) != g.numel() ? 1 : 0;
+  for (int64_t i = 0; i < std::min<int64_t>(g.numel(), static_cast<int64_t>(expected.size())); ++i) {
+    const double e = expected[static_cast<size_t>(i)];
+    if (std::abs(acc[i] - e) > tol * std::max(1.0, std::abs(e))) ++wrong;
+  }
+  return wrong;
+}
+
+std::map<std::string, std::unique_ptr<mpiddp::ProcessGroup>>& groups() {
+  static std::map<std::string, std::unique_ptr<mpiddp::ProcessGroup>> g;
+  return g;
+}
+
+mpiddp::ProcessGroup& group(const std::string& backend) {
+  auto& g = groups()[backend];
+  if (!g) {
+    mpiddp::CommOptions o;
+    o.check_collectives = true;
+    o.timeout = std::chrono::seconds(60);
+    g = mpiddp::make_process_group(backend, runtime(), o);
+  }
+  return *g;
+}
+
+// Runs one collective; returns the number of wrong elements on this rank.
+int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtype, ReduceOp op, bool in_place,
+                 int64_t count) {
+  const int r = pg.rank(), n = pg.size();
+  const double tol = op == ReduceOp::kAvg ? tolerance(dtype) : 0.0;
+  std::vector<double> expected;
+  torch::Tensor in, out;
+  switch (kind) {
+    case Collective::kAllreduce:
+      in = filled(r, count, dtype);
+      out = in_place ? in : torch::full({count}, -7, dtype);
+      pg.allreduce_async(in, out, op)->wait();
+      for (int64_t i = 0; i < count; ++i) expected.push_back(reduce_ref(op, n, i));
+      return count_wrong(out, expected, tol);
+    case Collective::kBroadcast: {
+      int64_t wrong = 0;
+      for (int root : {0, n - 1}) {
+        in = r == root ? filled(r, count, dtype) : torch::full({count}, -7, dtype);
+        out = in_place ? in : torch::full({count}, -9, dtype);
+        pg.broadcast_async(in, out, root)->wait();
+        expected.clear();
+        for (int64_t i = 0; i < count; ++i) expected.push_back(v(root, i));
+        wrong += count_wrong(out, expected, 0.0);
+      }
+      return wrong;
+    }
+    case Collective::kAllgather:
+      out = torch::full({n * count}, -7, dtype);
+      if (in_place) {
+        in = out.narrow(0, r * count, count);
+        in.copy_(filled(r, count, dtype));
+      } else {
+        in = filled(r, count, dtype);
+      }
+      pg.allgather_async(in, out)->wait();
+      for (int q = 0; q < n; ++q) {
+        for (int64_t i = 0; i < count; ++i) expected.push_back(v(q, i));
+      }
+      return count_wrong(out, expected, 0.0);
+    case Collective::kReduceScatter:
+      in = filled(r, n * count, dtype);
+      out = in_place ? in.narrow(0, r * count, count) : torch::full({count}, -7, dtype);
+      pg.reduce_scatter_async(in, out, op)->wait();
+      for (int64_t i = 0; i < count; ++i) expected.push_back(reduce_ref(op, n, r * count + i));
+      return count_wrong(out, expected, tol);
+    case Collective::kAlltoall:
+      in = filled(r, n * count, dtype);
+      out = in_place ? in : torch::full({n * count}, -7, dtype);
+      pg.alltoall_async(in, out)->wait();
+      for (int s = 0; s < n; ++s) {
+        for (int64_t i = 0; i < count; ++i) expected.push_back(v(s, r * count + i));
+      }
+      return count_wrong(out, expected, 0.0);
+    case Collective::kBarrier:
+      pg.barrier();
+      return 0;
+  }
+  return 1;
+}
+
+std::vector<std::string> cpu_backends() {
+  std::vector<std::string> b;
+  for (const auto& name : mpiddp::available_backends()) {
+    if (name != "nccl") b.push_back(name);
+  }
+  return b;
+}
+
+using Case = std::tuple<std::string, Collective, c10::ScalarType, ReduceOp, bool>;
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const auto& backend : cpu_backends()) {
+    for (auto kind : {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather,
+                      Collective::kReduceScatter, Collective::kAlltoall}) {
+      const bool reduces = kind == Collective::kAllreduce || kind == Collective::kReduceScatter;
+      for (auto dtype : {c10::kFloat, c10::kDouble, c10::kBFloat16, c10::kHalf, c10::kInt, c10::kLong}) {
+        for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+          if (!reduces && op != ReduceOp::kSum) continue;
+          for (bool in_place : {false, true}) cases.emplace_back(backend, kind, dtype, op, in_place);
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const auto& [backend, kind, dtype, op, in_place] = info.param;
+  std::string name = backend + "_" + mpiddp::to_string(kind) + "_" + mpiddp::dtype_name(dtype);
+  if (kind == Collective::kAllreduce || kind == Collective::kReduceScatter) name += "_" + mpiddp::to_string(op);
+  return name + (in_place ? "_inplace" : "_outofplace");
+}
+
+class CollectiveTest : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+TEST_P(CollectiveTest, MatchesFormula) {
+  const auto& [backend, kind, dtype, op, in_place] = GetParam();
+  auto& pg = group(backend);
+  if (!pg.supports(kind, dtype, op)) {
+    // Unsupported combinations are a clear error on every rank, raised before anything is sent.
+    bool refused = false;
+    try {
+      run_case(pg, kind, dtype, op, in_place, 7);
+    } catch (const mpiddp::Error& e) {
+      refused = std::string(e.what()).find("does not support") != std::string::npos;
+    }
+    MPIDDP_EXPECT_ALL(refused);
+    return;
+  }
+  for (int64_t count : {1, 7, 1031}) {
+    int64_t wrong = -1;
+    std::string error;
+    try {
+      wrong = run_case(pg, kind, dtype, op, in_place, count);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, "");
+    EXPECT_EQ(wrong, 0) << "count " << count;
+    MPIDDP_ASSERT_ALL(wrong == 0 && error.empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CollectiveTest, ::testing::ValuesIn(all_cases()), case_name);
+
+TEST(Comm, BarrierAndSequenceNumbers) {
+  for (const auto& backend : cpu_backends()) {
+    auto& pg = group(backend);
+    const uint64_t before = pg.sequence();
+    pg.barrier();
+    pg.barrier();
+    MPIDDP_EXPECT_ALL(pg.sequence() == before + 2);
+  }
+}
+
+TEST(Comm, ManyOutstandingWaitedInReverse) {
+  for (const auto& backend : cpu_backends()) {
+    auto& pg = group(backend);
+    std::vector<torch::Tensor> ts;
+    std::vector<mpiddp::WorkHandle> works;
+    for (int k = 0; k < 6; ++k) {
+      ts.push_back(torch::full({37 + k}, static_cast<float>(pg.rank() + k), torch::kFloat));
+      works.push_back(pg.allreduce_async(ts.back(), ts.back(), ReduceOp::kSum));
+    }
+    for (int k = 5; k >= 0; --k) works[static_cast<size_t>(k)]->wait();
+    const int n = pg.size();
+    bool ok = true;
+    for (int k = 0; k < 6; ++k) {
+      ok = ok && ts[static_cast<size_t>(k)].eq(static_cast<float>(n * (n - 1) / 2 + n * k)).all().item<bool>();
+    }
+    MPIDDP_EXPECT_ALL(ok);
+  }
+}
+
+TEST(Comm, TestPollsToCompletion) {
+  auto& pg = group("mpi");
+  auto t = torch::ones({1 << 16}, torch::kFloat);
+  auto w = pg.allreduce_async(t, t, ReduceOp::kMax);
+  while (!w->test()) {
+  }
+  MPIDDP_EXPECT_ALL(w->is_completed() && t.eq(1.0f).all().item<bool>());
+}
+
+TEST(Comm, BadArgumentsAreClearErrors) {
+  auto& pg = group("mpi");
+  auto expect_error = [](const std::function<void()>& f, const std::string& text) {
+    std::string what;
+    try {
+      f();
+    } catch (const mpiddp::Error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find(text), std::string::npos) << "got: '" << what << "', wanted: " << text;
+    return what.find(text) != std::string::npos;
+  };
+  const uint64_t seq = pg.sequence();
+  bool ok = true;
+  auto m = torch::ones({4, 6}, torch::kFloat);
+  ok &= expect_error([&] { pg.allreduce(m.t()); }, "contiguous");
+  ok &= expect_error([&] { pg.allreduce(torch::ones({3}, torch::kBool)); }, "unsupported dtype Bool");
+  ok &= expect_error([&] { pg.allreduce(torch::ones({3}, torch::kUInt8)); }, "unsupported dtype");
+  ok &= expect_error([&] { pg.allreduce_async(torch::ones({3}), torch::ones({3}, torch::kDouble), ReduceOp::kSum); },
+                     "input is float32 but output is float64");
+  ok &= expect_error([&] { pg.allreduce_async(torch::ones({3}), torch::ones({4}), ReduceOp::kSum); }, "elements");
+  ok &= expect_error([&] { pg.allgather(torch::ones({3}), torch::ones({3 * pg.size() + 1})); }, "world size x input");
+  ok &= expect_error([&] { pg.broadcast(torch::ones({3}), pg.size()); }, "outside a world");
+  ok &= expect_error([&] { pg.allreduce_async(torch::ones({3}, torch::kInt), torch::ones({3}, torch::kInt), ReduceOp::kAvg); },
+                     "mpi does not support allreduce of int32 with avg");
+  ok &= expect_error([&] { pg.allreduce(torch::empty({3}, torch::TensorOptions().device(torch::kMeta))); },
+                     "the mpi backend takes CPU tensors");
+  EXPECT_EQ(pg.sequence(), seq) << "refused calls must not consume sequence numbers";
+  MPIDDP_EXPECT_ALL(ok && pg.sequence() == seq);
+}
+
+TEST(Comm, UnknownBackendNamesTheBuiltOnes) {
+  std::string what;
+  try {
+    mpiddp::make_process_group("carrier-pigeon", runtime());
+  } catch (const mpiddp::Error& e) {
+    what = e.what();
+  }
+  MPIDDP_EXPECT_ALL(what.find("backend 'carrier-pigeon' is not built") != std::string::npos &&
+                    what.find("available: mpi") != std::string::npos);
+}
+
+TEST(CheckMode, ShapeMismatchReportedOnEveryRankThenGroupStillWorks) {
+  auto& pg = group("mpi");
+  const int n = pg.size();
+  if (n < 2) GTEST_SKIP() << "needs two ranks";
+  const uint64_t seq = pg.sequence() + 1;
+  // Rank 1 sends a different shape: without check mode this would hang or corrupt memory.
+  auto t = torch::ones({pg.rank() == 1 ? 5 : 4}, torch::kFloat);
+  std::string what;
+  try {
+    pg.allreduce(t);
+  } catch (const mpiddp::CollectiveMismatch& e) {
+    what = e.message();
+  }
+  std::string others = n > 2 ? "ranks 0,2" : "rank 0";
+  for (int r = 3; r < n; ++r) others += "," + std::to_string(r);
+  const std::string want = "collective mismatch at #" + std::to_string(seq) + ": " + others +
+                           " issued allreduce(float32[4], sum); rank 1 issued allreduce(float32[5], sum)";
+  EXPECT_EQ(what, want);
+  MPIDDP_EXPECT_ALL(what == want);
+  // Nothing was launched anywhere, so the next collective is consistent again.
+  auto u = torch::ones({3}, torch::kFloat);
+  pg.allreduce(u);
+  MPIDDP_EXPECT_ALL(u.eq(static_cast<float>(n)).all().item<bool>());
+}
+
+TEST(CheckMode, DifferentCollectivesAndRootsReported) {
+  auto& pg = group("mpi");
+  if (pg.size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto t = torch::ones({4}, torch::kFloat);
+  std::string what;
+  try {
+    if (pg.rank() == 0) {
+      pg.broadcast(t, 0);
+    } else {
+      pg.allreduce(t);
+    }
+  } catch (const mpiddp::CollectiveMismatch& e) {
+    what = e.message();
+  }
+  MPIDDP_EXPECT_ALL(what.find("rank 0 issued broadcast(float32[4], root 0)") != std::string::npos &&
+                    what.find("issued allreduce(float32[4], sum)") != std::string::npos);
+  what.clear();
+  try {
+    pg.broadcast(t, pg.rank() == 0 ? 1 : 0);
+  } catch (const mpiddp::CollectiveMismatch& e) {
+    what = e.message();
+  }
+  MPIDDP_EXPECT_ALL(what.find("rank 0 issued broadcast(float32[4], root 1)") != std::string::npos);
+}
+
+TEST(CheckMode, OffStillComputes) {
+  mpiddp::CommOptions o;
+  o.check_collectives = false;
+  auto pg = mpiddp::make_process_group("mpi", runtime(), o);
+  auto t = torch::full({1031}, static_cast<double>(pg->rank()), torch::kDouble);
+  pg->allreduce(t);
+  const int n = pg->size();
+  MPIDDP_EXPECT_ALL(t.eq(n * (n - 1) / 2.0).all().item<bool>());
+}
+
+TEST(Names, RoundTrip) {
+  bool ok = true;
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+    ok = ok && mpiddp::parse_reduce_op(mpiddp::to_string(op)) == op;
+  }
+  for (auto d : {c10::kFloat, c10::kDouble, c10::kBFloat16, c10::kHalf, c10::kInt, c10::kLong}) {
+    ok = ok && mpiddp::parse_dtype(mpiddp::dtype_name(d)) == d;
+  }
+  EXPECT_THROW(mpiddp::parse_reduce_op("prod"), mpiddp::Error);
+  EXPECT_THROW(mpiddp::parse_dtype("complex64"), mpiddp::Error);
+  MPIDDP_EXPECT_ALL(ok);
+}
+
