@@ -57,6 +57,13 @@ function(mpiddp_add_mpi_test name)
 endfunction()
 
 string(JOIN " " _mpiddp_flags_text ${MPIDDP_MPIEXEC_FLAGS})
+set(MPIDDP_BACKENDS_TEXT "mpi")
+if(MPIDDP_HAS_NCCL)
+  string(APPEND MPIDDP_BACKENDS_TEXT " nccl")
+endif()
+if(MPIDDP_HAS_GLOO)
+  string(APPEND MPIDDP_BACKENDS_TEXT " gloo")
+endif()
 function(mpiddp_add_script_test name script)
   add_test(NAME system.${name} COMMAND bash ${script} ${ARGN})
   set_tests_properties(system.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS system

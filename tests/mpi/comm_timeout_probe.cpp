@@ -1,0 +1,45 @@
+// Probe for the timeout path (driven by tests/system/comm_timeout.sh): the ranks listed in
+// --late never enter the collective; the others must time out, name the late ranks, and end the
+// job. usage: comm_timeout_probe --backend B --late 0,2 --timeout-ms 1000 --check 0|1
+#include <mpiddp/comm.hpp>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+int main(int argc, char** argv) {
+  mpiddp::Runtime rt(&argc, &argv);
+  std::string backend = "mpi";
+  std::set<int> late;
+  mpiddp::CommOptions opts;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string key = argv[i], value = argv[i + 1];
+    if (key == "--backend") backend = value;
+    if (key == "--timeout-ms") opts.timeout = std::chrono::milliseconds(std::stol(value));
+    if (key == "--check") opts.check_collectives = value == "1";
+    if (key == "--late") {
+      std::stringstream ss(value);
+      for (std::string r; std::getline(ss, r, ',');) late.insert(std::stoi(r));
+    }
+  }
+  auto pg = mpiddp::make_process_group(backend, rt, opts);
+  auto t = torch::ones({8}, torch::kFloat);
+  pg->allreduce(t);  // #1: everyone, so the group is known to work
+  if (late.count(rt.rank())) {
+    std::this_thread::sleep_for(std::chrono::seconds(60));  // "stuck in compute"; ended by the abort
+    return 0;
+  }
+  try {
+    pg->allreduce(t);  // #2: the late ranks never come
+  } catch (const mpiddp::CollectiveTimeout& e) {
+    std::cerr << "mpiddp: error: " << e.what() << std::endl;
+    rt.abort(3);
+  }
+  std::cerr << "rank " << rt.rank() << ": allreduce #2 completed although ranks were late" << std::endl;
+  return 1;
+}

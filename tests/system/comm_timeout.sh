@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The timeout path: ranks that never arrive at a collective are named by the others, and the
+# whole job ends well inside the deadline instead of hanging.
+# usage: comm_timeout.sh path/to/comm_timeout_probe
+source "$(dirname "$0")/lib.sh"
+probe=$1
+
+elapsed() { echo $(( $(date +%s) - t0 )); }
+
+t0=$(date +%s)
+run_np 3 "$probe" --backend mpi --late 0 --timeout-ms 1000 --check 1
+check "one late rank: job ends non-zero, no hang" failed_cleanly
+check "one late rank: ended within 30 s" [ "$(elapsed)" -lt 30 ]
+check "one late rank: waiting ranks name it, the op and the sequence number" \
+  contains "allreduce #2 (float32\[8\], sum) did not complete within 1 s: rank 0 has not arrived" "$err"
+
+t0=$(date +%s)
+run_np 4 "$probe" --backend mpi --late 0,2 --timeout-ms 1500 --check 1
+check "two late ranks: job ends non-zero" failed_cleanly
+check "two late ranks: ended within 30 s" [ "$(elapsed)" -lt 30 ]
+check "two late ranks: both named" contains "did not complete within 1.5 s: ranks 0,2 have not arrived" "$err"
+
+run_np 2 "$probe" --backend mpi --late 1 --timeout-ms 1000 --check 0
+check "without check mode: job ends non-zero" failed_cleanly
+check "without check mode: says how to name the late ranks" \
+  contains "allreduce #2 (float32\[8\], sum) did not complete within 1 s: the late ranks are named in check mode only" "$err"
+
+if [[ " ${MPIDDP_BACKENDS:-} " == *" gloo "* ]]; then
+  run_np 2 "$probe" --backend gloo --late 1 --timeout-ms 1000 --check 1
+  check "gloo: job ends non-zero" failed_cleanly
+  check "gloo: late rank named" contains "rank 1 has not arrived" "$err"
+fi
+finish
