@@ -15,6 +15,8 @@ const std::vector<mpiddp::app::Command>& commands() {
   static const std::vector<mpiddp::app::Command> list = {
       {"info", "ranks, hostnames, devices, NCCL variables, library versions and a collective sanity check",
        mpiddp::app::run_info},
+      {"bench", "collective time and bandwidth per size, nccl-tests style (mpi, nccl, gloo)",
+       mpiddp::app::run_bench},
   };
   return list;
 }

@@ -24,9 +24,9 @@ c10d::ReduceOp gloo_op(ReduceOp op) {
 
 class GlooWork : public PollingWork {
  public:
-  GlooWork(std::string what, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Work> work,
+  GlooWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Work> work,
            std::vector<torch::Tensor> keep, std::function<void()> finish)
-      : PollingWork(std::move(what), timeout), work_(std::move(work)), keep_(std::move(keep)), finish_(std::move(finish)) {}
+      : PollingWork(call, timeout), work_(std::move(work)), keep_(std::move(keep)), finish_(std::move(finish)) {}
   ~GlooWork() override {
     if (!done_) wait_or_abort();
   }
@@ -64,16 +64,24 @@ class GlooProcessGroup : public ProcessGroup {
     so.timeout = options.timeout;
     int port = 0;
     c10::intrusive_ptr<c10d::Store> store;
+    std::string server_error;
     if (runtime.rank() == 0) {
       so.port = 0;
       so.isServer = true;
       so.numWorkers = runtime.size();
       so.waitWorkers = false;
-      auto server = c10::make_intrusive<c10d::TCPStore>(host, so);
-      port = server->getPort();
-      store = server;
+      try {
+        auto server = c10::make_intrusive<c10d::TCPStore>(host, so);
+        port = server->getPort();
+        store = server;
+      } catch (const std::exception& e) {
+        port = -1;  // tells every rank, so all fail together instead of waiting for a store
+        server_error = e.what();
+      }
     }
     MPIDDP_CHECK_MPI(MPI_Bcast(&port, 1, MPI_INT, 0, runtime.world()));
+    MPIDDP_CHECK(port > 0, "gloo backend: rank 0 could not open its TCPStore on " + host +
+                               (server_error.empty() ? std::string() : ": " + server_error));
     if (runtime.rank() != 0) {
       so.port = static_cast<uint16_t>(port);
       so.isServer = false;
@@ -166,7 +174,7 @@ class GlooProcessGroup : public ProcessGroup {
     } catch (const c10::Error& e) {
       MPIDDP_THROW("gloo: " + c.describe() + " failed: " + e.what_without_backtrace());
     }
-    return std::make_unique<GlooWork>(c.describe(), options().timeout, std::move(work), std::move(keep),
+    return std::make_unique<GlooWork>(c, options().timeout, std::move(work), std::move(keep),
                                       std::move(finish));
   }
 

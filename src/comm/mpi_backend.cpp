@@ -51,9 +51,9 @@ bool mpi_is_cuda_aware() {
 
 class MpiWork : public PollingWork {
  public:
-  MpiWork(std::string what, std::chrono::milliseconds timeout, MPI_Request request, std::vector<torch::Tensor> keep,
+  MpiWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, MPI_Request request, std::vector<torch::Tensor> keep,
           std::function<void()> finish)
-      : PollingWork(std::move(what), timeout), request_(request), keep_(std::move(keep)), finish_(std::move(finish)) {}
+      : PollingWork(call, timeout), request_(request), keep_(std::move(keep)), finish_(std::move(finish)) {}
   ~MpiWork() override {
     if (!done_) wait_or_abort();
   }
@@ -119,7 +119,7 @@ class MpiProcessGroup : public ProcessGroup {
     const auto timeout = options().timeout;
     if (c.kind == Collective::kBarrier) {
       MPIDDP_CHECK_MPI(MPI_Ibarrier(comm_, &req));
-      return std::make_unique<MpiWork>(c.describe(), timeout, req, std::vector<torch::Tensor>{}, nullptr);
+      return std::make_unique<MpiWork>(c, timeout, req, std::vector<torch::Tensor>{}, nullptr);
     }
     const MPI_Datatype type = datatype(c.input.scalar_type());
 #if MPIDDP_HAS_CUDA
@@ -182,7 +182,7 @@ class MpiProcessGroup : public ProcessGroup {
       case Collective::kBarrier:
         break;
     }
-    return std::make_unique<MpiWork>(c.describe(), timeout, req, std::move(keep), std::move(finish));
+    return std::make_unique<MpiWork>(c, timeout, req, std::move(keep), std::move(finish));
   }
 
  private:

@@ -37,9 +37,9 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 class NcclWork : public PollingWork {
  public:
-  NcclWork(std::string what, std::chrono::milliseconds timeout, ncclComm_t comm, cudaEvent_t done,
+  NcclWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, ncclComm_t comm, cudaEvent_t done,
            std::vector<torch::Tensor> keep)
-      : PollingWork(std::move(what), timeout), comm_(comm), done_event_(done), keep_(std::move(keep)) {}
+      : PollingWork(call, timeout), comm_(comm), done_event_(done), keep_(std::move(keep)) {}
   ~NcclWork() override {
     if (!done_ && !aborted_) wait_or_abort();
     cudaEventDestroy(done_event_);
@@ -84,12 +84,10 @@ class NcclProcessGroup : public ProcessGroup {
   NcclProcessGroup(const Runtime& runtime, const CommOptions& options)
       : ProcessGroup(runtime, options), device_(runtime.device()) {
     // Every rank must have a GPU before any rank blocks in the id broadcast below.
-    const bool has_gpu = device_.is_cuda();
-    if (!all_ok(runtime.world(), has_gpu)) {
-      MPIDDP_THROW(has_gpu ? std::string("nccl backend: another rank has no GPU")
-                           : "nccl backend: rank " + std::to_string(runtime.rank()) + " sees no GPU (" +
-                                 std::to_string(runtime.visible_gpus()) + " visible)");
-    }
+    int without_gpu = device_.is_cuda() ? 0 : 1;
+    MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &without_gpu, 1, MPI_INT, MPI_SUM, runtime.world()));
+    MPIDDP_CHECK(without_gpu == 0, "nccl backend: " + std::to_string(without_gpu) + " of " +
+                                       std::to_string(runtime.size()) + " rank(s) see no GPU; NCCL needs one per rank");
     // Two ranks on one GPU cannot share an NCCL communicator ("Duplicate GPU detected").
     MPIDDP_CHECK(runtime.local_size() <= runtime.visible_gpus(),
                  "nccl backend: " + std::to_string(runtime.local_size()) + " ranks on node " +
@@ -170,7 +168,7 @@ class NcclProcessGroup : public ProcessGroup {
     cudaEvent_t done = nullptr;
     MPIDDP_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     MPIDDP_CHECK_CUDA(cudaEventRecord(done, stream_));
-    return std::make_unique<NcclWork>(c.describe(), options().timeout, comm_, done, std::move(keep));
+    return std::make_unique<NcclWork>(c, options().timeout, comm_, done, std::move(keep));
   }
 
  private:

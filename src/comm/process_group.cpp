@@ -82,8 +82,8 @@ CommOptions CommOptions::from_environment() {
 
 namespace detail {
 
-PollingWork::PollingWork(std::string what, std::chrono::milliseconds timeout)
-    : what_(std::move(what)), timeout_(timeout), start_(std::chrono::steady_clock::now()) {}
+PollingWork::PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout)
+    : call_(call), timeout_(timeout), start_(std::chrono::steady_clock::now()) {}
 
 void PollingWork::wait() {
   // Spin briefly (small messages finish in microseconds), then yield, then sleep: a waiting rank
@@ -94,7 +94,7 @@ void PollingWork::wait() {
     if (std::chrono::steady_clock::now() - start_ > timeout_) {
       on_timeout();
       std::ostringstream msg;
-      msg << what_ << " did not complete within " << static_cast<double>(timeout_.count()) / 1000.0 << " s: "
+      msg << what() << " did not complete within " << static_cast<double>(timeout_.count()) / 1000.0 << " s: "
           << who_is_missing();
       throw CollectiveTimeout(msg.str(), __FILE__, __LINE__);
     }
@@ -288,7 +288,7 @@ class CheckedWork : public detail::PollingWork {
  public:
   CheckedWork(std::shared_ptr<ProcessGroup::Checker> checker, std::shared_ptr<ProcessGroup::Checker::Pending> p,
               std::chrono::milliseconds timeout)
-      : PollingWork(p->call.describe(), timeout), checker_(std::move(checker)), p_(std::move(p)) {}
+      : PollingWork(p->call, timeout), checker_(std::move(checker)), p_(std::move(p)) {}
   ~CheckedWork() override {
     if (!done_) wait_or_abort();
   }

@@ -13,7 +13,8 @@ namespace mpiddp::detail {
 /// CollectiveTimeout with the call's description and who_is_missing().
 class PollingWork : public Work {
  public:
-  PollingWork(std::string what, std::chrono::milliseconds timeout);
+  /// `call` is kept to describe the collective only if it times out or fails.
+  PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout);
   void wait() override;
 
  protected:
@@ -24,10 +25,10 @@ class PollingWork : public Work {
   /// For destructors: waits, and on failure reports and aborts the job (they cannot throw).
   void wait_or_abort() noexcept;
 
-  const std::string& what() const { return what_; }
+  std::string what() const { return call_.describe(); }
 
  private:
-  std::string what_;
+  ProcessGroup::Call call_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point start_;
 };

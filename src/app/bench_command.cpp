@@ -1,0 +1,398 @@
+// `mpiddp bench`: nccl-tests' output and formulas with PARAM's conveniences (sizes with K/M/G,
+// JSON and CSV), over any ProcessGroup backend.
+#include <mpiddp/comm.hpp>
+#include <mpiddp/error.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "app/bench.hpp"
+#include "app/cli.hpp"
+#include "common/check.hpp"
+
+namespace mpiddp::app {
+namespace bench {
+
+int64_t parse_size(const std::string& text) {
+  MPIDDP_CHECK(!text.empty(), "empty size");
+  size_t pos = 0;
+  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
+  MPIDDP_CHECK(pos > 0 && pos + 1 >= text.size(),
+               "bad size '" + text + "' (expected a number of bytes with an optional K, M or G)");
+  int64_t value = 0;
+  try {
+    value = std::stoll(text.substr(0, pos));
+  } catch (const std::exception&) {
+    MPIDDP_THROW("size '" + text + "' is too large");
+  }
+  int64_t scale = 1;
+  if (pos < text.size()) {
+    switch (std::toupper(static_cast<unsigned char>(text[pos]))) {
+      case 'K': scale = int64_t{1} << 10; break;
+      case 'M': scale = int64_t{1} << 20; break;
+      case 'G': scale = int64_t{1} << 30; break;
+      default: MPIDDP_THROW("bad size suffix in '" + text + "' (expected K, M or G)");
+    }
+  }
+  MPIDDP_CHECK(value <= std::numeric_limits<int64_t>::max() / scale, "size '" + text + "' is too large");
+  return value * scale;
+}
+
+double bus_factor(Collective c, int n) {
+  switch (c) {
+    case Collective::kAllreduce: return 2.0 * (n - 1) / n;
+    case Collective::kAllgather:
+    case Collective::kReduceScatter:
+    case Collective::kAlltoall: return static_cast<double>(n - 1) / n;
+    case Collective::kBroadcast:
+    case Collective::kBarrier: return 1.0;
+  }
+  return 1.0;
+}
+
+double algbw_gbps(int64_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
+
+std::vector<SizePoint> sweep(Collective c, int64_t min_bytes, int64_t max_bytes, double factor, int element_size,
+                             int n) {
+  MPIDDP_CHECK(min_bytes > 0 && max_bytes >= min_bytes, "need 0 < minbytes <= maxbytes");
+  MPIDDP_CHECK(factor > 1.0, "stepfactor must be > 1");
+  const bool split = c == Collective::kAllgather || c == Collective::kReduceScatter || c == Collective::kAlltoall;
+  const int64_t granule = split ? static_cast<int64_t>(n) : 1;
+  std::vector<SizePoint> points;
+  for (double s = static_cast<double>(min_bytes); s <= static_cast<double>(max_bytes) * (1 + 1e-12); s *= factor) {
+    const int64_t elements = static_cast<int64_t>(s) / element_size / granule * granule;
+    if (elements == 0) continue;
+    SizePoint p{elements * element_size, elements};
+    if (points.empty() || points.back().count != p.count) points.push_back(p);
+  }
+  return points;
+}
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return std::nan("");
+  std::sort(values.begin(), values.end());
+  const double rank = std::ceil(p / 100.0 * static_cast<double>(values.size()));
+  const auto index = static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(values.size()))) - 1;
+  return values[index];
+}
+
+}  // namespace bench
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct BenchConfig {
+  std::string backend;
+  std::vector<Collective> collectives;
+  int64_t min_bytes = 0, max_bytes = 0;
+  double factor = 2;
+  int warmup = 0, iters = 0, root = 0;
+  bool check = true;
+  c10::ScalarType dtype = c10::kFloat;
+  ReduceOp op = ReduceOp::kSum;
+  std::string json_path, csv_path;
+};
+
+struct Measurement {
+  double time_us = 0;  // average over ranks of each rank's mean time per iteration
+  double p50 = 0, p95 = 0, min = 0, max = 0;
+  double algbw = 0, busbw = 0;
+  int64_t wrong = -1;  // -1: not checked
+};
+
+bool reduces(Collective c) { return c == Collective::kAllreduce || c == Collective::kReduceScatter; }
+
+// Reference data: rank r's element at global index i is (i + 3r) % 5 + 1, small integers that every
+// dtype holds exactly, as do their sums over any rank count this tool runs at.
+torch::Tensor pattern(int r, int64_t first, int64_t count) {
+  auto idx = torch::arange(first, first + count, torch::kLong);
+  return ((idx + 3 * r) % 5 + 1).to(torch::kDouble);
+}
+
+torch::Tensor reduce_pattern(ReduceOp op, int n, int64_t first, int64_t count) {
+  torch::Tensor acc = pattern(0, first, count);
+  for (int r = 1; r < n; ++r) {
+    auto x = pattern(r, first, count);
+    acc = op == ReduceOp::kMin ? torch::minimum(acc, x) : op == ReduceOp::kMax ? torch::maximum(acc, x) : acc + x;
+  }
+  return op == ReduceOp::kAvg ? acc / n : acc;
+}
+
+// Input and output of one collective at `count` elements (of the whole array); the in-place
+// variants alias the way nccl-tests does.
+struct Buffers {
+  torch::Tensor in, out;
+};
+
+Buffers make_buffers(Collective c, int64_t count, c10::ScalarType dtype, bool in_place, int rank, int n) {
+  const int64_t part = count / n;
+  Buffers b;
+  switch (c) {
+    case Collective::kAllgather:
+      b.out = torch::zeros({count}, dtype);
+      b.in = in_place ? b.out.narrow(0, rank * part, part) : torch::zeros({part}, dtype);
+      break;
+    case Collective::kReduceScatter:
+      b.in = torch::zeros({count}, dtype);
+      b.out = in_place ? b.in.narrow(0, rank * part, part) : torch::zeros({part}, dtype);
+      break;
+    default:
+      b.in = torch::zeros({count}, dtype);
+      b.out = in_place ? b.in : torch::zeros({count}, dtype);
+  }
+  return b;
+}
+
+WorkHandle start(ProcessGroup& pg, const BenchConfig& cfg, Collective c, const Buffers& b) {
+  switch (c) {
+    case Collective::kAllreduce: return pg.allreduce_async(b.in, b.out, cfg.op);
+    case Collective::kBroadcast: return pg.broadcast_async(b.in, b.out, cfg.root);
+    case Collective::kAllgather: return pg.allgather_async(b.in, b.out);
+    case Collective::kReduceScatter: return pg.reduce_scatter_async(b.in, b.out, cfg.op);
+    case Collective::kAlltoall: return pg.alltoall_async(b.in, b.out);
+    case Collective::kBarrier: return pg.barrier_async();
+  }
+  MPIDDP_THROW("unreachable");
+}
+
+// Fills the inputs with the reference pattern, runs once, and counts wrong output elements here.
+int64_t count_wrong(ProcessGroup& pg, const BenchConfig& cfg, Collective c, const Buffers& b, int64_t count) {
+  const int r = pg.rank(), n = pg.size();
+  const int64_t part = count / n;
+  b.in.copy_(pattern(r, 0, b.in.numel()));
+  start(pg, cfg, c, b)->wait();
+  torch::Tensor expected;
+  switch (c) {
+    case Collective::kAllreduce: expected = reduce_pattern(cfg.op, n, 0, count); break;
+    case Collective::kBroadcast: expected = pattern(cfg.root, 0, count); break;
+    case Collective::kReduceScatter: expected = reduce_pattern(cfg.op, n, r * part, part); break;
+    case Collective::kAllgather: {
+      std::vector<torch::Tensor> parts;
+      for (int q = 0; q < n; ++q) parts.push_back(pattern(q, 0, part));
+      expected = torch::cat(parts);
+      break;
+    }
+    case Collective::kAlltoall: {
+      std::vector<torch::Tensor> parts;
+      for (int s = 0; s < n; ++s) parts.push_back(pattern(s, r * part, part));
+      expected = torch::cat(parts);
+      break;
+    }
+    case Collective::kBarrier: return 0;
+  }
+  // Averages are not integers: allow one rounding of the output dtype.
+  const double tol = cfg.op == ReduceOp::kAvg && reduces(c)
+                         ? (cfg.dtype == c10::kBFloat16 ? 1e-2 : cfg.dtype == c10::kHalf ? 1e-3 : 1e-6)
+                         : 0.0;
+  auto diff = (b.out.to(torch::kDouble) - expected).abs();
+  return (diff > expected.abs().clamp_min(1.0) * tol).sum().item<int64_t>();
+}
+
+Measurement measure(ProcessGroup& pg, const Runtime& rt, const BenchConfig& cfg, Collective c,
+                    const bench::SizePoint& size, bool in_place) {
+  Buffers b = make_buffers(c, size.count, cfg.dtype, in_place, pg.rank(), pg.size());
+  for (int i = 0; i < cfg.warmup; ++i) start(pg, cfg, c, b)->wait();
+  MPIDDP_CHECK_MPI(MPI_Barrier(rt.world()));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < cfg.iters; ++i) start(pg, cfg, c, b)->wait();
+  const double mine =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / cfg.iters;
+
+  std::vector<double> all(static_cast<size_t>(pg.size()));
+  MPIDDP_CHECK_MPI(MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, rt.world()));
+  Measurement m;
+  for (double t : all) m.time_us += t / static_cast<double>(all.size());
+  m.p50 = bench::percentile(all, 50);
+  m.p95 = bench::percentile(all, 95);
+  m.min = *std::min_element(all.begin(), all.end());
+  m.max = *std::max_element(all.begin(), all.end());
+  m.algbw = bench::algbw_gbps(size.bytes, m.time_us * 1e-6);
+  m.busbw = m.algbw * bench::bus_factor(c, pg.size());
+  if (cfg.check) {
+    int64_t wrong = count_wrong(pg, cfg, c, b, size.count);
+    MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, rt.world()));
+    m.wrong = wrong;
+  }
+  return m;
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string row(const bench::SizePoint& s, const std::string& type, const std::string& redop, int root,
+                const Measurement& oop, const Measurement& ip) {
+  std::ostringstream out;
+  char head[128];
+  std::snprintf(head, sizeof head, "%12lld  %12lld  %8s  %6s  %6d", static_cast<long long>(s.bytes),
+                static_cast<long long>(s.count), type.c_str(), redop.c_str(), root);
+  out << head;
+  for (const Measurement* m : {&oop, &ip}) {
+    char cols[128];
+    std::snprintf(cols, sizeof cols, "  %9.2f  %7.3f  %7.3f  %6s", m->time_us, m->algbw, m->busbw,
+                  m->wrong < 0 ? "N/A" : std::to_string(m->wrong).c_str());
+    out << cols;
+  }
+  return out.str();
+}
+
+json to_json(const Measurement& m) {
+  return {{"time_us", m.time_us}, {"time_us_p50", m.p50}, {"time_us_p95", m.p95}, {"time_us_min", m.min},
+          {"time_us_max", m.max}, {"algbw_gbps", m.algbw}, {"busbw_gbps", m.busbw},
+          {"wrong", m.wrong < 0 ? json(nullptr) : json(m.wrong)}};
+}
+
+}  // namespace
+
+int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
+  po::options_description options("mpiddp bench options");
+  std::string collective, minbytes, maxbytes, dtype, op;
+  BenchConfig cfg;
+  int check = 1;
+  options.add_options()("help,h", "show this help")(
+      "backend", po::value(&cfg.backend)->default_value("mpi"), "mpi|nccl|gloo (those built into this binary)")(
+      "collective", po::value(&collective)->default_value("allreduce"),
+      "allreduce|allgather|reduce_scatter|broadcast|alltoall|all")(
+      "minbytes,b", po::value(&minbytes)->default_value("32M"), "smallest size S, bytes (K, M, G accepted)")(
+      "maxbytes,e", po::value(&maxbytes)->default_value("32M"), "largest size S")(
+      "stepfactor,f", po::value(&cfg.factor)->default_value(2.0), "multiply the size by this between steps (> 1)")(
+      "warmup-iters,w", po::value(&cfg.warmup)->default_value(5), "untimed iterations per size")(
+      "iters,n", po::value(&cfg.iters)->default_value(20), "timed iterations per size")(
+      "check,c", po::value(&check)->default_value(1), "1: verify results against the formula and count #wrong")(
+      "dtype,d", po::value(&dtype)->default_value("float32"), "float32|float64|bfloat16|float16|int32|int64")(
+      "op,o", po::value(&op)->default_value("sum"), "sum|avg|min|max (allreduce, reduce_scatter)")(
+      "root,r", po::value(&cfg.root)->default_value(0), "broadcast root")(
+      "json", po::value(&cfg.json_path), "also write the results as JSON to this file (rank 0)")(
+      "csv", po::value(&cfg.csv_path), "also write the results as CSV to this file (rank 0)");
+
+  auto validate = [&] {
+    parse_options(options, args);
+    if (collective == "all") {
+      cfg.collectives = {Collective::kAllreduce, Collective::kAllgather, Collective::kReduceScatter,
+                         Collective::kBroadcast, Collective::kAlltoall};
+    } else {
+      cfg.collectives = {parse_collective(collective)};
+      MPIDDP_CHECK(cfg.collectives[0] != Collective::kBarrier, "bench measures data collectives, not barrier");
+    }
+    cfg.min_bytes = bench::parse_size(minbytes);
+    cfg.max_bytes = bench::parse_size(maxbytes);
+    MPIDDP_CHECK(cfg.min_bytes > 0, "--minbytes must be > 0");
+    MPIDDP_CHECK(cfg.max_bytes >= cfg.min_bytes, "--maxbytes (" + maxbytes + ") is below --minbytes (" + minbytes + ")");
+    MPIDDP_CHECK(cfg.factor > 1.0, "--stepfactor must be > 1");
+    MPIDDP_CHECK(cfg.warmup >= 0, "--warmup-iters must be >= 0");
+    MPIDDP_CHECK(cfg.iters >= 1, "--iters must be >= 1");
+    MPIDDP_CHECK(check == 0 || check == 1, "--check takes 0 or 1");
+    cfg.check = check == 1;
+    cfg.dtype = parse_dtype(dtype);
+    cfg.op = parse_reduce_op(op);
+    MPIDDP_CHECK(cfg.root >= 0 && cfg.root < runtime.size(),
+                 "--root " + std::to_string(cfg.root) + " outside a world of " + std::to_string(runtime.size()));
+    const auto built = available_backends();
+    MPIDDP_CHECK(std::find(built.begin(), built.end(), cfg.backend) != built.end(),
+                 "backend '" + cfg.backend + "' is not built into this mpiddp");
+  };
+  po::variables_map vm;
+  if (auto code = agree_on_local_phase(runtime, "bench", [&] { vm = parse_options(options, args); validate(); })) {
+    return *code;
+  }
+  if (vm.count("help")) {
+    std::ostringstream help;
+    help << "usage: mpirun -np N mpiddp bench [options]\n\n"
+            "Measures collective time and bandwidth per size like nccl-tests: algbw = S / t, busbw = algbw x\n"
+            "2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall; S = the whole array), 1\n"
+            "(broadcast). Exit status 1 if any element was wrong.\n\n"
+         << options;
+    print_rank0(runtime, help.str());
+    return kExitOk;
+  }
+
+  // Group creation fails on every rank alike (each backend agrees before it can block).
+  std::unique_ptr<ProcessGroup> pg;
+  if (auto code = agree_on_local_phase(runtime, "bench", [&] { pg = make_process_group(cfg.backend, runtime); },
+                                       kExitFailure)) {
+    return *code;
+  }
+
+  const std::string type = dtype_name(cfg.dtype);
+  std::ostringstream out;
+  out << "# mpiddp bench: backend " << cfg.backend << ", " << runtime.size() << " rank(s) on " << runtime.node_count()
+      << " node(s), dtype " << type << ", warmup " << cfg.warmup << ", iters " << cfg.iters << ", check "
+      << (cfg.check ? 1 : 0) << "\n";
+  print_rank0(runtime, out.str());
+
+  json results = json::array();
+  std::ofstream csv;
+  if (runtime.rank() == 0 && !cfg.csv_path.empty()) {
+    csv.open(cfg.csv_path);
+    MPIDDP_CHECK(csv.good(), "cannot write --csv file '" + cfg.csv_path + "'");
+    csv << "collective,size_bytes,count,type,redop,root,placement,time_us,time_us_p50,time_us_p95,algbw_gbps,"
+           "busbw_gbps,wrong\n";
+  }
+  double busbw_sum = 0;
+  int rows = 0;
+  int64_t wrong_total = 0;
+  for (Collective c : cfg.collectives) {
+    const std::string redop = reduces(c) ? to_string(cfg.op) : "none";
+    const int root = c == Collective::kBroadcast ? cfg.root : -1;
+    std::ostringstream table;
+    table << "#\n# collective " << to_string(c) << "\n"
+          << "#                                                    out-of-place                          in-place\n"
+          << "#       size         count      type   redop    root       time    algbw    busbw  #wrong       time    algbw    busbw  #wrong\n"
+          << "#        (B)    (elements)                                   (us)   (GB/s)   (GB/s)              (us)   (GB/s)   (GB/s)\n";
+    print_rank0(runtime, table.str());
+    if (!pg->supports(c, cfg.dtype, cfg.op)) {
+      print_rank0(runtime, "# " + cfg.backend + " does not support " + to_string(c) + " of " + type +
+                               (reduces(c) ? " with " + redop : std::string()) + ": skipped\n");
+      continue;
+    }
+    for (const auto& size : bench::sweep(c, cfg.min_bytes, cfg.max_bytes, cfg.factor,
+                                         static_cast<int>(c10::elementSize(cfg.dtype)), runtime.size())) {
+      const Measurement oop = measure(*pg, runtime, cfg, c, size, false);
+      const Measurement ip = measure(*pg, runtime, cfg, c, size, true);
+      print_rank0(runtime, row(size, type, redop, root, oop, ip) + "\n");
+      busbw_sum += oop.busbw + ip.busbw;
+      rows += 2;
+      wrong_total += std::max<int64_t>(oop.wrong, 0) + std::max<int64_t>(ip.wrong, 0);
+      json r = {{"collective", to_string(c)}, {"size_bytes", size.bytes}, {"count", size.count}, {"type", type},
+                {"redop", redop}, {"root", root}, {"out_of_place", to_json(oop)}, {"in_place", to_json(ip)}};
+      results.push_back(r);
+      if (csv.is_open()) {
+        for (const auto& [placement, m] : {std::pair<const char*, const Measurement*>{"out-of-place", &oop},
+                                           std::pair<const char*, const Measurement*>{"in-place", &ip}}) {
+          csv << to_string(c) << "," << size.bytes << "," << size.count << "," << type << "," << redop << "," << root
+              << "," << placement << "," << m->time_us << "," << m->p50 << "," << m->p95 << "," << m->algbw << ","
+              << m->busbw << "," << (m->wrong < 0 ? std::string() : std::to_string(m->wrong)) << "\n";
+        }
+      }
+    }
+  }
+  const double avg_busbw = rows ? busbw_sum / rows : 0.0;
+  std::ostringstream footer;
+  footer << "# Out of bounds values : " << wrong_total << (wrong_total == 0 ? " OK" : " FAILED") << "\n"
+         << "# Avg bus bandwidth    : " << fmt("%.6g", avg_busbw) << "\n#\n";
+  print_rank0(runtime, footer.str());
+  if (runtime.rank() == 0 && !cfg.json_path.empty()) {
+    json doc = {{"backend", cfg.backend}, {"world_size", runtime.size()}, {"node_count", runtime.node_count()},
+                {"dtype", type}, {"op", to_string(cfg.op)}, {"warmup_iters", cfg.warmup}, {"iters", cfg.iters},
+                {"check", cfg.check}, {"results", results}, {"avg_busbw_gbps", avg_busbw},
+                {"wrong", wrong_total}, {"result", wrong_total == 0 ? "OK" : "FAILED"}};
+    std::ofstream j(cfg.json_path);
+    MPIDDP_CHECK(j.good(), "cannot write --json file '" + cfg.json_path + "'");
+    j << doc.dump(2) << "\n";
+  }
+  return wrong_total == 0 ? kExitOk : kExitFailure;
+}
+
+}  // namespace mpiddp::app
