@@ -86,19 +86,21 @@ PollingWork::PollingWork(const ProcessGroup::Call& call, std::chrono::millisecon
     : call_(call), timeout_(timeout), start_(std::chrono::steady_clock::now()) {}
 
 void PollingWork::wait() {
-  // Spin briefly (small messages finish in microseconds), then yield, then sleep: a waiting rank
-  // should not steal a core from the rank it waits for on an oversubscribed node.
+  // Spin (small messages finish in microseconds; MPI's non-blocking collectives progress only
+  // inside MPI_Test), then yield so a waiting rank does not starve the rank it waits for on an
+  // oversubscribed node, and sleep only once the wait is long (a late rank, not a slow transfer).
   int polls = 0;
   while (!test()) {
     ++polls;
-    if (std::chrono::steady_clock::now() - start_ > timeout_) {
+    const auto waited = std::chrono::steady_clock::now() - start_;
+    if (waited > timeout_) {
       on_timeout();
       std::ostringstream msg;
       msg << what() << " did not complete within " << static_cast<double>(timeout_.count()) / 1000.0 << " s: "
           << who_is_missing();
       throw CollectiveTimeout(msg.str(), __FILE__, __LINE__);
     }
-    if (polls > 20000) {
+    if (waited > std::chrono::milliseconds(100)) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     } else if (polls > 1000) {
       std::this_thread::yield();

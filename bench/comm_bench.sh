@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Side by side, in one run, at 2 ranks: float32 allreduce from 8 B to 256 MiB with
+#   mpiddp bench --backend mpi, a plain C loop of MPI_Allreduce (bench/mpi_allreduce_loop.c),
+#   and mpiddp bench --backend gloo,
+# interleaved over REPS repetitions (median per size), then the ratios as a Markdown table.
+# usage: bench/comm_bench.sh [BUILD_DIR] [REPS]   (prints the table; raw data in $OUT_DIR)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+reps=${2:-3}
+out=${OUT_DIR:-$build/bench-comm}
+mkdir -p "$out"
+source scripts/env.sh
+mpicc -O2 -o "$out/mpi_allreduce_loop" bench/mpi_allreduce_loop.c
+min=8 max=$((256 << 20)) warmup=5 iters=20
+have_gloo=0
+"$build/mpiddp" info --json | python3 -c 'import json,sys; sys.exit(0 if "gloo" in json.load(sys.stdin)["ranks"][0]["versions"]["backends"] else 1)' && have_gloo=1
+for ((r = 1; r <= reps; r++)); do
+  echo "repetition $r/$reps" >&2
+  mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$build/mpiddp" bench --backend mpi -b $min -e $max -f 2 \
+    -w $warmup -n $iters -c 0 --json "$out/mpi.$r.json" >/dev/null
+  mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$out/mpi_allreduce_loop" $min $max 2 $warmup $iters >"$out/plain.$r.txt"
+  if [ $have_gloo = 1 ]; then
+    mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$build/mpiddp" bench --backend gloo -b $min -e $max -f 2 \
+      -w $warmup -n $iters -c 0 --json "$out/gloo.$r.json" >/dev/null
+  fi
+done
+python3 - "$out" "$reps" <<'PY'
+import json, statistics, sys, os
+out, reps = sys.argv[1], int(sys.argv[2])
+def med(xs): return statistics.median(xs)
+def load_json(name):
+    runs = []
+    for r in range(1, reps + 1):
+        p = f"{out}/{name}.{r}.json"
+        if os.path.exists(p):
+            runs.append({x["size_bytes"]: x["out_of_place"] for x in json.load(open(p))["results"]})
+    return runs
+mpi, gloo = load_json("mpi"), load_json("gloo")
+plain = []
+for r in range(1, reps + 1):
+    plain.append({int(l.split()[0]): (float(l.split()[1]), float(l.split()[2])) for l in open(f"{out}/plain.{r}.txt")})
+sizes = sorted(plain[0])
+def human(b):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k: return f"{b // k} {unit}"
+    return f"{b} B"
+print("| size | plain MPI time (us) | mpiddp mpi time (us) | Δ time (us) | plain busbw (GB/s) | mpiddp mpi busbw | mpi / plain busbw | gloo busbw | gloo / plain busbw |")
+print("|---|---|---|---|---|---|---|---|---|")
+rows = []
+for s in sizes:
+    pt, pb = med([p[s][0] for p in plain]), med([p[s][1] for p in plain])
+    mt, mb = med([m[s]["time_us"] for m in mpi]), med([m[s]["busbw_gbps"] for m in mpi])
+    g = f"{med([x[s]['busbw_gbps'] for x in gloo]):.3f}" if gloo else "n/a"
+    gr = f"{med([x[s]['busbw_gbps'] for x in gloo]) / pb:.2f}" if gloo and pb > 0 else "n/a"
+    rows.append((s, pt, mt, pb, mb))
+    print(f"| {human(s)} | {pt:.2f} | {mt:.2f} | {mt - pt:+.2f} | {pb:.3f} | {mb:.3f} | {mb / pb if pb else 0:.2f} | {g} | {gr} |")
+big = [mb / pb for s, pt, mt, pb, mb in rows if s >= (1 << 20)]
+small = [mt - pt for s, pt, mt, pb, mb in rows if s <= 4096]
+print()
+print(f"From 1 MiB up, mpiddp mpi / plain MPI busbw: min {min(big):.3f}, median {med(big):.3f} (target >= 0.95).")
+print(f"Up to 4 KiB, mpiddp mpi time - plain MPI time: max {max(small):+.2f} us, median {med(small):+.2f} us (target <= 2 us).")
+if gloo:
+    gl = [med([x[s]['busbw_gbps'] for x in gloo]) / pb for s, pt, mt, pb, mb in rows if s >= (1 << 20)]
+    print(f"From 1 MiB up, gloo / plain MPI busbw: median {med(gl):.3f}.")
+PY
