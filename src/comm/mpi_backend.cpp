@@ -71,7 +71,7 @@ class MpiWork : public PollingWork {
 
  private:
   MPI_Request request_;
-  std::vector<torch::Tensor> keep_;  // buffers MPI reads or writes stay alive until completion
+  std::vector<torch::Tensor> keep_;  // scratch buffers MPI reads or writes stay alive until completion
   std::function<void()> finish_;
   bool done_ = false;
 };
@@ -127,7 +127,7 @@ class MpiProcessGroup : public ProcessGroup {
     if (c.input.is_cuda()) MPIDDP_CHECK_CUDA(cudaDeviceSynchronize());
 #endif
     const int n = size();
-    std::vector<torch::Tensor> keep = {c.input, c.output};
+    std::vector<torch::Tensor> keep;  // scratch buffers only: the Work's Call holds input and output
     std::function<void()> finish;
     switch (c.kind) {
       case Collective::kAllreduce: {

@@ -60,7 +60,17 @@ std::string dtype_name(c10::ScalarType t) {
   std::string n = name_of(kDtypeNames, t);
   return n == "?" ? std::string(c10::toString(t)) : n;
 }
-bool is_supported_dtype(c10::ScalarType t) { return name_of(kDtypeNames, t) != "?"; }
+bool is_supported_dtype(c10::ScalarType t) {
+  switch (t) {  // on every collective's path: no string work here
+    case c10::kFloat:
+    case c10::kDouble:
+    case c10::kBFloat16:
+    case c10::kHalf:
+    case c10::kInt:
+    case c10::kLong: return true;
+    default: return false;
+  }
+}
 
 CommOptions CommOptions::from_environment() {
   CommOptions o;
@@ -90,9 +100,11 @@ void PollingWork::wait() {
   // inside MPI_Test), then yield so a waiting rank does not starve the rank it waits for on an
   // oversubscribed node, and sleep only once the wait is long (a late rank, not a slow transfer).
   int polls = 0;
+  auto waited = std::chrono::steady_clock::duration::zero();
   while (!test()) {
     ++polls;
-    const auto waited = std::chrono::steady_clock::now() - start_;
+    if (polls % 64 != 0) continue;  // a clock read costs more than a poll of a short collective
+    waited = std::chrono::steady_clock::now() - start_;
     if (waited > timeout_) {
       on_timeout();
       std::ostringstream msg;
@@ -429,54 +441,42 @@ WorkHandle ProcessGroup::issue(Call call) {
   return std::make_unique<CheckedWork>(checker_, pending, options_.timeout);
 }
 
-WorkHandle ProcessGroup::allreduce_async(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op) {
-  Call c;
-  c.kind = Collective::kAllreduce;
+namespace {
+
+ProcessGroup::Call make_call(Collective kind, const torch::Tensor& input, const torch::Tensor& output,
+                             ReduceOp op = ReduceOp::kSum, int root = 0) {
+  ProcessGroup::Call c;
+  c.kind = kind;
   c.input = input;
   c.output = output;
   c.op = op;
-  return issue(std::move(c));
+  c.root = root;
+  return c;
+}
+
+}  // namespace
+
+WorkHandle ProcessGroup::allreduce_async(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op) {
+  return issue(make_call(Collective::kAllreduce, input, output, op));
 }
 
 WorkHandle ProcessGroup::broadcast_async(const torch::Tensor& input, const torch::Tensor& output, int root) {
-  Call c;
-  c.kind = Collective::kBroadcast;
-  c.input = input;
-  c.output = output;
-  c.root = root;
-  return issue(std::move(c));
+  return issue(make_call(Collective::kBroadcast, input, output, ReduceOp::kSum, root));
 }
 
 WorkHandle ProcessGroup::allgather_async(const torch::Tensor& input, const torch::Tensor& output) {
-  Call c;
-  c.kind = Collective::kAllgather;
-  c.input = input;
-  c.output = output;
-  return issue(std::move(c));
+  return issue(make_call(Collective::kAllgather, input, output));
 }
 
 WorkHandle ProcessGroup::reduce_scatter_async(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op) {
-  Call c;
-  c.kind = Collective::kReduceScatter;
-  c.input = input;
-  c.output = output;
-  c.op = op;
-  return issue(std::move(c));
+  return issue(make_call(Collective::kReduceScatter, input, output, op));
 }
 
 WorkHandle ProcessGroup::alltoall_async(const torch::Tensor& input, const torch::Tensor& output) {
-  Call c;
-  c.kind = Collective::kAlltoall;
-  c.input = input;
-  c.output = output;
-  return issue(std::move(c));
+  return issue(make_call(Collective::kAlltoall, input, output));
 }
 
-WorkHandle ProcessGroup::barrier_async() {
-  Call c;
-  c.kind = Collective::kBarrier;
-  return issue(std::move(c));
-}
+WorkHandle ProcessGroup::barrier_async() { return issue(make_call(Collective::kBarrier, {}, {})); }
 
 std::vector<std::string> available_backends() {
   std::vector<std::string> b = {"mpi"};

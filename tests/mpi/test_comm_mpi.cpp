@@ -47,7 +47,7 @@ double tolerance(c10::ScalarType t) {
 
 // Counts elements of `got` that differ from `expected` (relative tolerance for averages).
 int64_t count_wrong(const torch::Tensor& got, const std::vector<double>& expected, double tol) {
-  auto g = got.reshape(-1).to(torch::kDouble).contiguous();
+  auto g = got.reshape(-1).to(torch::kCPU, torch::kDouble).contiguous();
   auto acc = g.accessor<double, 1>();
   int64_t wrong = static_cast<int64_t>(expected.size()) != g.numel() ? 1 : 0;
   for (int64_t i = 0; i < std::min<int64_t>(g.numel(), static_cast<int64_t>(expected.size())); ++i) {
@@ -77,21 +77,26 @@ mpiddp::ProcessGroup& group(const std::string& backend) {
 int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtype, ReduceOp op, bool in_place,
                  int64_t count) {
   const int r = pg.rank(), n = pg.size();
+  const c10::Device dev = pg.backend() == "nccl" ? runtime().device() : c10::Device(c10::kCPU);
+  auto filled = [&](int rank, int64_t k, c10::ScalarType t) { return ::filled(rank, k, t).to(dev); };
+  auto full = [&](int64_t k, double value, c10::ScalarType t) {
+    return torch::full({k}, value, torch::TensorOptions().dtype(t).device(dev));
+  };
   const double tol = op == ReduceOp::kAvg ? tolerance(dtype) : 0.0;
   std::vector<double> expected;
   torch::Tensor in, out;
   switch (kind) {
     case Collective::kAllreduce:
       in = filled(r, count, dtype);
-      out = in_place ? in : torch::full({count}, -7, dtype);
+      out = in_place ? in : full(count, -7, dtype);
       pg.allreduce_async(in, out, op)->wait();
       for (int64_t i = 0; i < count; ++i) expected.push_back(reduce_ref(op, n, i));
       return count_wrong(out, expected, tol);
     case Collective::kBroadcast: {
       int64_t wrong = 0;
       for (int root : {0, n - 1}) {
-        in = r == root ? filled(r, count, dtype) : torch::full({count}, -7, dtype);
-        out = in_place ? in : torch::full({count}, -9, dtype);
+        in = r == root ? filled(r, count, dtype) : full(count, -7, dtype);
+        out = in_place ? in : full(count, -9, dtype);
         pg.broadcast_async(in, out, root)->wait();
         expected.clear();
         for (int64_t i = 0; i < count; ++i) expected.push_back(v(root, i));
@@ -100,7 +105,7 @@ int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtyp
       return wrong;
     }
     case Collective::kAllgather:
-      out = torch::full({n * count}, -7, dtype);
+      out = full(n * count, -7, dtype);
       if (in_place) {
         in = out.narrow(0, r * count, count);
         in.copy_(filled(r, count, dtype));
@@ -114,13 +119,13 @@ int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtyp
       return count_wrong(out, expected, 0.0);
     case Collective::kReduceScatter:
       in = filled(r, n * count, dtype);
-      out = in_place ? in.narrow(0, r * count, count) : torch::full({count}, -7, dtype);
+      out = in_place ? in.narrow(0, r * count, count) : full(count, -7, dtype);
       pg.reduce_scatter_async(in, out, op)->wait();
       for (int64_t i = 0; i < count; ++i) expected.push_back(reduce_ref(op, n, r * count + i));
       return count_wrong(out, expected, tol);
     case Collective::kAlltoall:
       in = filled(r, n * count, dtype);
-      out = in_place ? in : torch::full({n * count}, -7, dtype);
+      out = in_place ? in : full(n * count, -7, dtype);
       pg.alltoall_async(in, out)->wait();
       for (int s = 0; s < n; ++s) {
         for (int64_t i = 0; i < count; ++i) expected.push_back(v(s, r * count + i));
@@ -131,6 +136,13 @@ int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtyp
       return 0;
   }
   return 1;
+}
+
+// nccl needs one GPU per rank and a CUDA build of libtorch; every rank reaches the same answer.
+bool nccl_usable() {
+  const bool mine = runtime().device().is_cuda() && torch::cuda::is_available() &&
+                    runtime().local_size() <= runtime().visible_gpus();
+  return on_all_ranks(mine);
 }
 
 std::vector<std::string> cpu_backends() {
@@ -145,7 +157,7 @@ using Case = std::tuple<std::string, Collective, c10::ScalarType, ReduceOp, bool
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (const auto& backend : cpu_backends()) {
+  for (const auto& backend : mpiddp::available_backends()) {
     for (auto kind : {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather,
                       Collective::kReduceScatter, Collective::kAlltoall}) {
       const bool reduces = kind == Collective::kAllreduce || kind == Collective::kReduceScatter;
@@ -173,6 +185,7 @@ class CollectiveTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CollectiveTest, MatchesFormula) {
   const auto& [backend, kind, dtype, op, in_place] = GetParam();
+  if (backend == "nccl" && !nccl_usable()) GTEST_SKIP() << "nccl needs one GPU per rank and a CUDA libtorch";
   auto& pg = group(backend);
   if (!pg.supports(kind, dtype, op)) {
     // Unsupported combinations are a clear error on every rank, raised before anything is sent.
