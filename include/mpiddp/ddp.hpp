@@ -1,0 +1,132 @@
+// DistributedDataParallel: data parallelism for any torch::nn::Module over a ProcessGroup.
+//
+// Cross-rank contract (as PyTorch's reducer): parameters are assigned to buckets in reverse
+// registration order (the order backward produces gradients); a bucket's all-reduce starts as
+// soon as all its gradients are in, but buckets are always launched in index order, so every
+// rank issues the same sequence of collectives whatever order its hooks fire in. Parameters that
+// got no gradient in a step contribute zeros, launched at the end of backward, so an unused
+// parameter on some ranks never leaves the others waiting.
+//
+// Use per step:
+//   ddp.prepare_forward();              // re-broadcasts buffers from rank 0 (BatchNorm stats)
+//   auto loss = loss_fn(model->forward(x), y);
+//   ddp.backward(loss);                 // loss.backward() + wait for the buckets, average, write .grad
+//   optimizer.step();
+// Inside `auto guard = ddp.no_sync();` backward accumulates locally without communication.
+#pragma once
+
+#include <mpiddp/comm.hpp>
+#include <mpiddp/timeline.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mpiddp {
+
+/// Default bucket caps, as PyTorch DDP: 25 MiB, and 1 MiB for the first bucket (the last
+/// layers' gradients, ready first) so communication starts early.
+constexpr int64_t kDefaultBucketCapBytes = 25LL << 20;
+constexpr int64_t kDefaultFirstBucketCapBytes = 1LL << 20;
+
+struct DdpOptions {
+  int64_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  int64_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
+  /// Re-broadcast buffers (BatchNorm running statistics) from rank 0 before each forward.
+  bool broadcast_buffers = true;
+  /// Send gradients as bfloat16 or float16 (halves the bytes); results are accumulated back into
+  /// the parameters' own dtype. nullopt: no compression.
+  std::optional<c10::ScalarType> compression;
+  /// Chrome-trace file (see Timeline); empty: the MPIDDP_TIMELINE environment variable, if set.
+  std::string timeline_path;
+};
+
+/// One bucket: which parameters (indices into parameters()) and where each lies in the flat buffer.
+struct BucketLayout {
+  std::vector<size_t> params;
+  std::vector<int64_t> offsets;  ///< element offset of each parameter in the bucket
+  int64_t numel = 0;
+  c10::ScalarType dtype = c10::kFloat;
+};
+
+/// The bucket assignment rule as a pure function: parameters in reverse order of `sizes_bytes`
+/// (registration order), a new bucket when the dtype changes or the cap would be exceeded (the
+/// first bucket's cap is `first_cap`); a parameter larger than the cap gets a bucket of its own.
+std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
+                                         const std::vector<c10::ScalarType>& dtypes, int64_t cap_bytes,
+                                         int64_t first_cap_bytes);
+
+struct DdpStats {
+  int64_t steps = 0;                     ///< synchronised backward passes
+  int64_t buckets_launched_early = 0;    ///< launched from a gradient hook, during backward
+  int64_t buckets_launched_at_end = 0;   ///< launched by backward()'s end (unused parameters)
+};
+
+class DistributedDataParallel {
+ public:
+  /// Broadcasts parameters and buffers from rank 0 after checking that every rank holds the same
+  /// parameter names, shapes and dtypes (else mpiddp::Error on every rank naming the first
+  /// difference). Collective.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup& pg, DdpOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  torch::nn::Module& module() { return *module_; }
+  ProcessGroup& process_group() { return pg_; }
+  const std::vector<BucketLayout>& buckets() const { return layouts_; }
+  const DdpStats& stats() const { return stats_; }
+  Timeline* timeline() { return timeline_.get(); }
+
+  /// Before each forward: re-broadcasts buffers from rank 0 (when enabled). Collective.
+  void prepare_forward();
+  /// loss.backward(), then finish_backward().
+  void backward(const torch::Tensor& loss);
+  /// After a backward outside no_sync: launches what is left, waits for every bucket, averages
+  /// and writes each parameter's .grad. Collective.
+  void finish_backward();
+
+  /// While alive, backward accumulates gradients locally and communicates nothing; the next
+  /// backward outside it reduces the accumulated sum.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel* ddp) : ddp_(ddp) { ddp_->sync_ = false; }
+    ~NoSync() { ddp_->sync_ = true; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+  };
+  NoSync no_sync() { return NoSync(this); }
+
+ private:
+  struct Bucket;
+  void verify_same_model();
+  void broadcast_tensors(const std::vector<torch::Tensor>& tensors);
+  void on_gradient(size_t param, const torch::Tensor& grad);
+  void launch_ready_buckets(bool at_end);
+  void launch(Bucket& b);
+
+  std::shared_ptr<torch::nn::Module> module_;
+  ProcessGroup& pg_;
+  DdpOptions options_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> params_;   ///< those with requires_grad, registration order
+  std::vector<torch::Tensor> buffers_;
+  std::vector<BucketLayout> layouts_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::pair<size_t, size_t>> where_;  ///< param -> (bucket, slot)
+  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;
+  size_t next_to_launch_ = 0;
+  bool sync_ = true;
+  DdpStats stats_;
+  std::unique_ptr<Timeline> timeline_;
+  Timeline::Clock::time_point backward_begin_{};
+};
+
+}  // namespace mpiddp

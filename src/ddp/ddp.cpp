@@ -1,0 +1,303 @@
+#include <mpiddp/ddp.hpp>
+#include <mpiddp/error.hpp>
+
+#include <algorithm>
+#include <map>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+namespace mpiddp {
+
+std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
+                                         const std::vector<c10::ScalarType>& dtypes, int64_t cap_bytes,
+                                         int64_t first_cap_bytes) {
+  MPIDDP_CHECK(numels.size() == dtypes.size(), "assign_buckets: numels and dtypes differ in length");
+  MPIDDP_CHECK(cap_bytes > 0 && first_cap_bytes > 0, "bucket caps must be > 0 bytes");
+  std::vector<BucketLayout> out;
+  int64_t bytes = 0;
+  for (size_t k = numels.size(); k-- > 0;) {  // reverse registration order
+    const int64_t size = numels[k] * static_cast<int64_t>(c10::elementSize(dtypes[k]));
+    // The bucket being filled is the first one while exactly one exists.
+    const int64_t current_cap = out.size() == 1 ? first_cap_bytes : cap_bytes;
+    const bool fits = !out.empty() && out.back().dtype == dtypes[k] && bytes + size <= current_cap;
+    if (!fits) {
+      out.push_back(BucketLayout{});
+      out.back().dtype = dtypes[k];
+      bytes = 0;
+    }
+    BucketLayout& b = out.back();
+    b.params.push_back(k);
+    b.offsets.push_back(b.numel);
+    b.numel += numels[k];
+    bytes += size;
+  }
+  return out;
+}
+
+struct DistributedDataParallel::Bucket {
+  BucketLayout layout;
+  torch::Tensor flat;       ///< gradients of this bucket, in layout order
+  torch::Tensor wire;       ///< compressed copy on the wire (or undefined)
+  std::vector<bool> ready;  ///< per slot: gradient copied in this step
+  size_t pending = 0;       ///< slots still missing
+  WorkHandle work;
+  Timeline::Clock::time_point launched{};
+};
+
+namespace {
+
+std::string describe_param(const std::string& name, const torch::Tensor& t) {
+  std::ostringstream s;
+  s << name << ":" << dtype_name(t.scalar_type()) << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s << (i ? "," : "") << t.size(i);
+  s << "]";
+  return s.str();
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup& pg,
+                                                 DdpOptions options)
+    : module_(std::move(module)), pg_(pg), options_(std::move(options)) {
+  MPIDDP_CHECK(module_, "DistributedDataParallel needs a module");
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;  // frozen: never reduced, on every rank alike
+    names_.push_back(item.key());
+    params_.push_back(item.value());
+  }
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers_.push_back(item.value());
+  if (options_.timeline_path.empty()) {
+    if (const char* env = std::getenv("MPIDDP_TIMELINE")) options_.timeline_path = env;
+  }
+  timeline_ = std::make_unique<Timeline>(options_.timeline_path, pg_.rank());
+  if (options_.compression) {
+    const auto c = *options_.compression;
+    MPIDDP_CHECK(c == c10::kBFloat16 || c == c10::kHalf,
+                 "gradient compression takes bfloat16 or float16, not " + dtype_name(c));
+  }
+
+  verify_same_model();
+  {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> all = params_;
+    for (const auto& item : module_->named_parameters(true)) {
+      if (!item.value().requires_grad()) all.push_back(item.value());
+    }
+    all.insert(all.end(), buffers_.begin(), buffers_.end());
+    broadcast_tensors(all);
+  }
+
+  std::vector<int64_t> numels;
+  std::vector<c10::ScalarType> dtypes;
+  for (const auto& p : params_) {
+    numels.push_back(p.numel());
+    dtypes.push_back(p.scalar_type());
+  }
+  layouts_ = assign_buckets(numels, dtypes, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes);
+  where_.resize(params_.size());
+  for (size_t b = 0; b < layouts_.size(); ++b) {
+    auto bucket = std::make_unique<Bucket>();
+    bucket->layout = layouts_[b];
+    bucket->flat = torch::zeros({layouts_[b].numel}, params_[layouts_[b].params[0]].options());
+    bucket->ready.assign(layouts_[b].params.size(), false);
+    bucket->pending = layouts_[b].params.size();
+    for (size_t s = 0; s < layouts_[b].params.size(); ++s) where_[layouts_[b].params[s]] = {b, s};
+    buckets_.push_back(std::move(bucket));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    unsigned h = params_[i].register_hook([this, i](const torch::Tensor& grad) { on_gradient(i, grad); });
+    hooks_.emplace_back(params_[i], h);
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (auto& [t, h] : hooks_) {
+    try {
+      t.remove_hook(h);
+    } catch (...) {
+      // the tensor may already be gone with its module; nothing to undo then
+    }
+  }
+}
+
+void DistributedDataParallel::verify_same_model() {
+  // Every rank sends its whole parameter list (names, dtypes, shapes) to every rank as int32
+  // characters; all ranks then compare against rank 0 and reach the same verdict.
+  std::string sig;
+  for (size_t i = 0; i < params_.size(); ++i) sig += describe_param(names_[i], params_[i]) + "\n";
+  auto len = torch::tensor({static_cast<int64_t>(sig.size())}, torch::kLong);
+  auto lens = torch::zeros({pg_.size()}, torch::kLong);
+  const c10::Device dev = params_.empty() ? c10::Device(c10::kCPU) : params_[0].device();
+  {
+    auto l = len.to(dev), ls = lens.to(dev);
+    pg_.allgather(l, ls);
+    lens = ls.cpu();
+  }
+  const int64_t longest = std::max<int64_t>(1, lens.max().item<int64_t>());
+  std::vector<int32_t> codes(static_cast<size_t>(longest), 0);
+  std::copy(sig.begin(), sig.end(), codes.begin());
+  auto chars = torch::from_blob(codes.data(), {longest}, torch::kInt).to(dev);
+  auto all = torch::zeros({pg_.size() * longest}, torch::TensorOptions().dtype(torch::kInt).device(dev));
+  pg_.allgather(chars, all);
+  all = all.cpu();
+  auto acc = all.accessor<int32_t, 1>();
+  std::vector<std::vector<std::string>> lists;
+  for (int r = 0; r < pg_.size(); ++r) {
+    std::string s;
+    const auto n = lens[r].item<int64_t>();
+    for (int64_t i = 0; i < n; ++i) s += static_cast<char>(acc[r * longest + i]);
+    lists.push_back(split_lines(s));
+  }
+  for (int r = 1; r < pg_.size(); ++r) {
+    const auto& a = lists[0];
+    const auto& b = lists[static_cast<size_t>(r)];
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      if (i < a.size() && i < b.size() && a[i] == b[i]) continue;
+      std::string msg = "model mismatch across ranks: parameter " + std::to_string(i) + " is ";
+      msg += i < b.size() ? "'" + b[i] + "'" : "missing";
+      msg += " on rank " + std::to_string(r) + " but ";
+      msg += i < a.size() ? "'" + a[i] + "'" : "missing";
+      msg += " on rank 0 (" + std::to_string(b.size()) + " vs " + std::to_string(a.size()) +
+             " trainable parameters)";
+      MPIDDP_THROW(msg);
+    }
+  }
+}
+
+void DistributedDataParallel::broadcast_tensors(const std::vector<torch::Tensor>& tensors) {
+  // One broadcast per dtype of the flattened tensors, instead of one per tensor.
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& t : tensors) {
+    if (t.numel() > 0) by_dtype[t.scalar_type()].push_back(t);
+  }
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<torch::Tensor> flat;
+    for (const auto& t : group) flat.push_back(t.detach().reshape(-1));
+    auto buffer = torch::cat(flat);
+    pg_.broadcast(buffer, 0);
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.detach().copy_(buffer.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+}
+
+void DistributedDataParallel::prepare_forward() {
+  if (!options_.broadcast_buffers || buffers_.empty() || pg_.size() == 1) return;
+  ScopedSpan span(timeline_.get(), "broadcast buffers", "comm");
+  torch::NoGradGuard no_grad;
+  broadcast_tensors(buffers_);
+}
+
+void DistributedDataParallel::on_gradient(size_t param, const torch::Tensor& grad) {
+  if (!sync_) return;  // no_sync: AccumulateGrad sums into .grad locally
+  if (backward_begin_ == Timeline::Clock::time_point{}) backward_begin_ = Timeline::Clock::now();
+  auto [b, slot] = where_[param];
+  Bucket& bucket = *buckets_[b];
+  MPIDDP_CHECK(!bucket.ready[slot], "parameter '" + names_[param] +
+                                        "' received a gradient twice in one step; call finish_backward() "
+                                        "(or ddp.backward(loss)) once after each backward");
+  torch::NoGradGuard no_grad;
+  auto slice = bucket.flat.narrow(0, bucket.layout.offsets[slot], params_[param].numel());
+  // The hook runs before AccumulateGrad: gradients accumulated under no_sync are still in .grad.
+  const auto& accumulated = params_[param].grad();
+  if (accumulated.defined()) {
+    torch::add_out(slice, accumulated.reshape(-1), grad.reshape(-1));
+  } else {
+    slice.copy_(grad.reshape(-1));
+  }
+  bucket.ready[slot] = true;
+  if (--bucket.pending == 0) launch_ready_buckets(false);
+}
+
+void DistributedDataParallel::launch(Bucket& b) {
+  b.launched = Timeline::Clock::now();
+  if (options_.compression) {
+    b.wire = b.flat.to(*options_.compression);
+    b.work = pg_.allreduce_async(b.wire, b.wire, ReduceOp::kSum);
+  } else {
+    b.work = pg_.allreduce_async(b.flat, b.flat, ReduceOp::kSum);
+  }
+}
+
+void DistributedDataParallel::launch_ready_buckets(bool at_end) {
+  // Index order on every rank: bucket k is launched only after buckets 0..k-1.
+  while (next_to_launch_ < buckets_.size()) {
+    Bucket& b = *buckets_[next_to_launch_];
+    if (b.pending != 0) {
+      if (!at_end) return;
+      // Parameters without a gradient this step: what they accumulated under no_sync, or zeros.
+      torch::NoGradGuard no_grad;
+      for (size_t s = 0; s < b.ready.size(); ++s) {
+        if (b.ready[s]) continue;
+        const size_t p = b.layout.params[s];
+        auto slice = b.flat.narrow(0, b.layout.offsets[s], params_[p].numel());
+        const auto& g = params_[p].grad();
+        if (g.defined()) {
+          slice.copy_(g.reshape(-1));
+        } else {
+          slice.zero_();
+        }
+        b.ready[s] = true;
+      }
+      b.pending = 0;
+      ++stats_.buckets_launched_at_end;
+    } else if (!at_end) {
+      ++stats_.buckets_launched_early;
+    } else {
+      ++stats_.buckets_launched_at_end;
+    }
+    launch(b);
+    ++next_to_launch_;
+  }
+}
+
+void DistributedDataParallel::backward(const torch::Tensor& loss) {
+  {
+    ScopedSpan span(timeline_.get(), "backward");
+    loss.backward();
+  }
+  finish_backward();
+}
+
+void DistributedDataParallel::finish_backward() {
+  if (!sync_) return;
+  launch_ready_buckets(true);
+  const double n = pg_.size();
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = *buckets_[k];
+    b.work->wait();
+    timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, Timeline::Clock::now());
+    if (options_.compression) b.flat.copy_(b.wire);
+    b.flat.div_(n);
+    for (size_t s = 0; s < b.layout.params.size(); ++s) {
+      const size_t p = b.layout.params[s];
+      auto avg = b.flat.narrow(0, b.layout.offsets[s], params_[p].numel()).view_as(params_[p]);
+      auto& g = params_[p].mutable_grad();
+      if (g.defined()) {
+        g.copy_(avg);
+      } else {
+        g = avg.clone();
+      }
+      b.ready[s] = false;
+    }
+    b.pending = b.ready.size();
+    b.work.reset();
+    b.wire = torch::Tensor();
+  }
+  next_to_launch_ = 0;
+  backward_begin_ = {};
+  ++stats_.steps;
+}
+
+}  // namespace mpiddp
