@@ -111,6 +111,7 @@ class DistributedDataParallel {
   void on_gradient(size_t param, const torch::Tensor& grad);
   void launch_ready_buckets(bool at_end);
   void launch(Bucket& b);
+  void poll_launched();
 
   std::shared_ptr<torch::nn::Module> module_;
   ProcessGroup& pg_;
@@ -126,7 +127,6 @@ class DistributedDataParallel {
   bool sync_ = true;
   DdpStats stats_;
   std::unique_ptr<Timeline> timeline_;
-  Timeline::Clock::time_point backward_begin_{};
 };
 
 }  // namespace mpiddp

@@ -43,6 +43,7 @@ struct DistributedDataParallel::Bucket {
   size_t pending = 0;       ///< slots still missing
   WorkHandle work;
   Timeline::Clock::time_point launched{};
+  Timeline::Clock::time_point completed{};  ///< when a poll first saw it done (zero: not yet)
 };
 
 namespace {
@@ -200,7 +201,6 @@ void DistributedDataParallel::prepare_forward() {
 
 void DistributedDataParallel::on_gradient(size_t param, const torch::Tensor& grad) {
   if (!sync_) return;  // no_sync: AccumulateGrad sums into .grad locally
-  if (backward_begin_ == Timeline::Clock::time_point{}) backward_begin_ = Timeline::Clock::now();
   auto [b, slot] = where_[param];
   Bucket& bucket = *buckets_[b];
   MPIDDP_CHECK(!bucket.ready[slot], "parameter '" + names_[param] +
@@ -217,6 +217,16 @@ void DistributedDataParallel::on_gradient(size_t param, const torch::Tensor& gra
   }
   bucket.ready[slot] = true;
   if (--bucket.pending == 0) launch_ready_buckets(false);
+  poll_launched();
+}
+
+void DistributedDataParallel::poll_launched() {
+  // Drives progress of the launched all-reduces while backward computes (MPI's non-blocking
+  // collectives advance only inside MPI calls) and notes when each finished, for the timeline.
+  for (size_t k = 0; k < next_to_launch_; ++k) {
+    Bucket& b = *buckets_[k];
+    if (b.completed == Timeline::Clock::time_point{} && b.work && b.work->test()) b.completed = Timeline::Clock::now();
+  }
 }
 
 void DistributedDataParallel::launch(Bucket& b) {
@@ -277,7 +287,8 @@ void DistributedDataParallel::finish_backward() {
   for (size_t k = 0; k < buckets_.size(); ++k) {
     Bucket& b = *buckets_[k];
     b.work->wait();
-    timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, Timeline::Clock::now());
+    if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
+    timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, b.completed);
     if (options_.compression) b.flat.copy_(b.wire);
     b.flat.div_(n);
     for (size_t s = 0; s < b.layout.params.size(); ++s) {
@@ -294,9 +305,9 @@ void DistributedDataParallel::finish_backward() {
     b.pending = b.ready.size();
     b.work.reset();
     b.wire = torch::Tensor();
+    b.completed = {};
   }
   next_to_launch_ = 0;
-  backward_begin_ = {};
   ++stats_.steps;
 }
 

@@ -1,0 +1,147 @@
+// DDP overhead benchmark: the training step of a model with DistributedDataParallel against the
+// same step with no communication (under no_sync), in alternating blocks within one run on every
+// rank, so both see the same machine noise. Run by bench/ddp_bench.sh; one JSON line on rank 0.
+// usage: mpiddp_ddp_bench --model cnn|mlp [--steps S per block] [--rounds R] [--warmup W]
+//        [--batch B] [--timeline F] [--bucket-cap-mb M]
+#include <mpiddp/ddp.hpp>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <iostream>
+#include <string>
+
+namespace {
+
+// PyTorch's MNIST example network (1.2 M parameters).
+struct MnistNetImpl : torch::nn::Module {
+  MnistNetImpl() {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
+    fc1 = register_module("fc1", torch::nn::Linear(9216, 128));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(conv2(torch::relu(conv1(x))));
+    h = torch::max_pool2d(h, 2).flatten(1);
+    return fc2(torch::relu(fc1(h)));
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(MnistNet);
+
+// An MLP of ~20 M parameters: 784 -> 4096 -> 4096 -> 10.
+struct BigMlpImpl : torch::nn::Module {
+  BigMlpImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(784, 4096));
+    fc2 = register_module("fc2", torch::nn::Linear(4096, 4096));
+    fc3 = register_module("fc3", torch::nn::Linear(4096, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3(torch::relu(fc2(torch::relu(fc1(x.flatten(1))))));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(BigMlp);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpiddp::Runtime rt(&argc, &argv);
+  std::string model_name = "cnn", timeline;
+  int steps = 5, warmup = 2, rounds = 6;
+  int64_t batch = 64;
+  double bucket_cap_mb = 25;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") model_name = v;
+    else if (k == "--rounds") rounds = std::stoi(v);
+    else if (k == "--steps") steps = std::stoi(v);
+    else if (k == "--warmup") warmup = std::stoi(v);
+    else if (k == "--batch") batch = std::stoll(v);
+    else if (k == "--timeline") timeline = v;
+    else if (k == "--bucket-cap-mb") bucket_cap_mb = std::stod(v);
+  }
+  torch::set_num_threads(1);  // one core per rank: these machines have as many cores as ranks
+  torch::manual_seed(1);
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  if (model_name == "cnn") {
+    MnistNet m;
+    module = m.ptr();
+    forward = [m](const torch::Tensor& x) mutable { return m->forward(x); };
+  } else {
+    BigMlp m;
+    module = m.ptr();
+    forward = [m](const torch::Tensor& x) mutable { return m->forward(x); };
+  }
+  int64_t params = 0;
+  for (const auto& p : module->parameters()) params += p.numel();
+  auto pg = mpiddp::make_process_group("mpi", rt);
+  mpiddp::DdpOptions o;
+  o.timeline_path = timeline;
+  o.bucket_cap_bytes = static_cast<int64_t>(bucket_cap_mb * (1 << 20));
+  auto ddp = std::make_unique<mpiddp::DistributedDataParallel>(module, *pg, o);
+  torch::optim::SGD opt(module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto x = torch::randn({batch, 1, 28, 28});
+  auto y = torch::randint(0, 10, {batch}, torch::kLong);
+  // One training step; with `communicate` false the same step runs under no_sync: identical
+  // compute, hooks and optimizer, no communication (the "no DDP" baseline).
+  auto step = [&](bool communicate) {
+    mpiddp::Timeline* tl = communicate ? ddp->timeline() : nullptr;
+    if (communicate) ddp->prepare_forward();
+    torch::Tensor loss;
+    {
+      mpiddp::ScopedSpan s(tl, "forward");
+      loss = torch::nn::functional::cross_entropy(forward(x), y);
+    }
+    if (communicate) {
+      ddp->backward(loss);
+    } else {
+      auto guard = ddp->no_sync();
+      loss.backward();
+    }
+    mpiddp::ScopedSpan s(tl, "optimizer step");
+    opt.step();
+    opt.zero_grad();
+  };
+  // A block's time is its mean step time on the slowest rank.
+  auto block = [&](bool communicate) {
+    pg->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) step(communicate);
+    auto t = torch::tensor({std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+                            steps},
+                           torch::kDouble);
+    pg->allreduce(t, mpiddp::ReduceOp::kMax);
+    return t.item<double>();
+  };
+  for (int i = 0; i < warmup; ++i) {
+    step(true);
+    step(false);
+  }
+  // Alternating blocks see the same machine noise; the ratio is taken per round.
+  std::vector<double> local, with_ddp;
+  for (int r = 0; r < rounds; ++r) {
+    const bool ddp_first = r % 2 == 1;
+    const double a = block(ddp_first);
+    const double b = block(!ddp_first);
+    with_ddp.push_back(ddp_first ? a : b);
+    local.push_back(ddp_first ? b : a);
+  }
+  if (rt.rank() == 0) {
+    auto list = [](const std::vector<double>& v) {
+      std::string s = "[";
+      for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    };
+    std::cout << "{\"model\": \"" << model_name << "\", \"params\": " << params << ", \"batch_per_rank\": " << batch
+              << ", \"ranks\": " << rt.size() << ", \"steps_per_block\": " << steps << ", \"local_ms\": " << list(local)
+              << ", \"ddp_ms\": " << list(with_ddp) << ", \"buckets\": " << ddp->buckets().size() << "}" << std::endl;
+  }
+  ddp.reset();
+  pg.reset();
+  rt.close();
+  return 0;
+}
