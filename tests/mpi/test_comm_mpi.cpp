@@ -57,21 +57,7 @@ int64_t count_wrong(const torch::Tensor& got, const std::vector<double>& expecte
   return wrong;
 }
 
-std::map<std::string, std::unique_ptr<mpiddp::ProcessGroup>>& groups() {
-  static std::map<std::string, std::unique_ptr<mpiddp::ProcessGroup>> g;
-  return g;
-}
-
-mpiddp::ProcessGroup& group(const std::string& backend) {
-  auto& g = groups()[backend];
-  if (!g) {
-    mpiddp::CommOptions o;
-    o.check_collectives = true;
-    o.timeout = std::chrono::seconds(60);
-    g = mpiddp::make_process_group(backend, runtime(), o);
-  }
-  return *g;
-}
+mpiddp::ProcessGroup& group(const std::string& backend) { return mpiddp::testing::checked_group(backend); }
 
 // Runs one collective; returns the number of wrong elements on this rank.
 int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtype, ReduceOp op, bool in_place,

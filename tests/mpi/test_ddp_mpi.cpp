@@ -106,21 +106,7 @@ double max_rel_error(torch::nn::Module& a, torch::nn::Module& b) {
   return worst;
 }
 
-std::map<std::string, std::unique_ptr<mpiddp::ProcessGroup>>& groups() {
-  static std::map<std::string, std::unique_ptr<mpiddp::ProcessGroup>> g;
-  return g;
-}
-
-mpiddp::ProcessGroup& group(const std::string& backend) {
-  auto& g = groups()[backend];
-  if (!g) {
-    mpiddp::CommOptions o;
-    o.check_collectives = true;
-    o.timeout = std::chrono::seconds(120);
-    g = mpiddp::make_process_group(backend, runtime(), o);
-  }
-  return *g;
-}
+mpiddp::ProcessGroup& group(const std::string& backend) { return mpiddp::testing::checked_group(backend); }
 
 struct RunSpec {
   std::string backend = "mpi";

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -16,6 +17,7 @@ namespace mpiddp::testing {
 namespace {
 
 std::unique_ptr<Runtime> g_runtime;
+std::map<std::string, std::unique_ptr<ProcessGroup>> g_groups;
 
 class RankReporter : public ::testing::EmptyTestEventListener {
  public:
@@ -46,6 +48,17 @@ class RankReporter : public ::testing::EmptyTestEventListener {
 
 Runtime& runtime() { return *g_runtime; }
 
+ProcessGroup& checked_group(const std::string& backend) {
+  auto& g = g_groups[backend];
+  if (!g) {
+    CommOptions o;
+    o.check_collectives = true;
+    o.timeout = std::chrono::seconds(120);
+    g = make_process_group(backend, *g_runtime, o);
+  }
+  return *g;
+}
+
 }  // namespace mpiddp::testing
 
 int main(int argc, char** argv) {
@@ -70,6 +83,7 @@ int main(int argc, char** argv) {
     std::cout << (any_failed ? "FAILED" : "PASSED") << " on " << g_runtime->size() << " rank"
               << (g_runtime->size() == 1 ? "" : "s") << std::endl;
   }
+  mpiddp::testing::g_groups.clear();  // before MPI is finalised
   g_runtime->close();
   g_runtime.reset();
   return any_failed;

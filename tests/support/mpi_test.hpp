@@ -2,6 +2,7 @@
 // returns early from a test and leaves the others inside a collective.
 #pragma once
 
+#include <mpiddp/comm.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <gtest/gtest.h>
@@ -10,6 +11,10 @@ namespace mpiddp::testing {
 
 /// The process's Runtime, created by the MPI gtest main before any test runs.
 Runtime& runtime();
+
+/// A process group of `backend` in check mode (timeout 120 s), created on first use and kept until
+/// the run ends (collective: every rank must ask for the same backends in the same order).
+ProcessGroup& checked_group(const std::string& backend);
 
 /// True on every rank iff `local` is true on every rank.
 inline bool on_all_ranks(bool local) { return all_ok(runtime().world(), local); }
