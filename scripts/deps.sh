@@ -11,6 +11,8 @@ packages=(
   libgloo-dev                           # headers for libtorch's c10d Gloo backend
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 (datasets, snapshots), h5dump/h5diff
   libboost-program-options-dev          # the CLI
+  zlib1g-dev                            # gzip'd IDX files
+  dataset-fashion-mnist                 # the bundled default data
   nlohmann-json3-dev                    # JSON output (info --json, bench --json, timelines)
   libgtest-dev                          # tests
 )

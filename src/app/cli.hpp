@@ -49,5 +49,6 @@ struct Command {
 
 int run_info(Runtime& runtime, const std::vector<std::string>& args);
 int run_bench(Runtime& runtime, const std::vector<std::string>& args);
+int run_data(Runtime& runtime, const std::vector<std::string>& args);
 
 }  // namespace mpiddp::app

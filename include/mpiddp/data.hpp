@@ -1,0 +1,96 @@
+// Datasets in HDF5 and the distributed sampler.
+//
+// Layout of an mpiddp dataset file:
+//   /inputs   [N, ...]  float32, or uint8 with a float attribute "scale" (value = byte x scale)
+//   /targets  [N]       int64 class labels (task "classification"), or
+//             [N, k]    float32 (task "regression")
+//   file attributes: "task" ("classification" | "regression"), "num_classes" (classification),
+//                    "source" (free text: where the data came from)
+// Ranks read only the rows their batches need, by hyperslab selection, so memory stays bounded
+// by the batch, whatever the file's size.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mpiddp {
+
+struct DatasetInfo {
+  std::string path;
+  int64_t samples = 0;
+  std::vector<int64_t> sample_shape;  ///< one input's shape (inputs' dims after the first)
+  bool uint8_inputs = false;
+  double scale = 1.0;                 ///< for uint8 inputs
+  bool classification = true;
+  int64_t num_classes = 0;            ///< classification only
+  int64_t target_dim = 0;             ///< regression only (k)
+};
+
+/// A batch as tensors: inputs float32 [n, ...]; targets int64 [n] or float32 [n, k].
+struct Example {
+  torch::Tensor inputs, targets;
+};
+
+/// Read-only access to one dataset file. Opening validates the layout and throws mpiddp::Error
+/// with a one-line reason (missing file or dataset, lengths that differ, an empty dataset,
+/// unsupported dtypes or ranks).
+class H5Dataset {
+ public:
+  explicit H5Dataset(const std::string& path);
+  ~H5Dataset();
+  H5Dataset(const H5Dataset&) = delete;
+  H5Dataset& operator=(const H5Dataset&) = delete;
+
+  const DatasetInfo& info() const { return info_; }
+  int64_t size() const { return info_.samples; }
+  /// The rows at `indices` (any order, repeats allowed), as one batch in that order.
+  Example read(const std::vector<int64_t>& indices) const;
+  /// Rows [begin, begin + count).
+  Example read_range(int64_t begin, int64_t count) const;
+  /// Throws unless every class label lies in [0, num_classes); scans in bounded chunks.
+  void check_labels(int64_t num_classes) const;
+
+ private:
+  struct Handles;
+  DatasetInfo info_;
+  std::unique_ptr<Handles> h_;
+};
+
+/// Writes a dataset file in the layout above (inputs float32 or uint8; targets int64 [N] or
+/// float32 [N, k]). `scale` is stored for uint8 inputs; `num_classes` for int64 targets.
+void write_dataset(const std::string& path, const torch::Tensor& inputs, const torch::Tensor& targets,
+                   double scale = 1.0, int64_t num_classes = 0, const std::string& source = "");
+
+/// PyTorch's DistributedSampler: each epoch, a permutation of [0, n) seeded by seed + epoch (or
+/// the identity without shuffle), padded by repeating its start to a multiple of the world size
+/// (or cut to one, with drop_last), of which rank r takes positions r, r + world, ... So every
+/// rank gets the same number of samples and no collective waits on a short shard.
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle = true, uint64_t seed = 0,
+                     bool drop_last = false);
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+  /// Samples per rank per epoch (the same on every rank).
+  int64_t num_samples() const { return num_samples_; }
+  /// This rank's indices for the current epoch, in order.
+  std::vector<int64_t> indices() const;
+
+ private:
+  int64_t n_;
+  int rank_, world_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+  int64_t epoch_ = 0;
+  int64_t num_samples_ = 0;
+};
+
+/// Reads an IDX file (MNIST's format, gzip-compressed or not) into a uint8 tensor of its shape.
+torch::Tensor read_idx(const std::string& path);
+
+}  // namespace mpiddp

@@ -1,0 +1,118 @@
+// `mpiddp data`: writes dataset files in mpiddp's HDF5 layout (see include/mpiddp/data.hpp).
+//   mpiddp data fashion-mnist [--source DIR] --out FILE.h5   (also `mnist`: the same IDX format)
+//   mpiddp data synthetic --samples 2048 --features 20 --seed S --out FILE.h5
+// Rank 0 does the work; under mpirun every rank agrees on the outcome.
+#include <mpiddp/data.hpp>
+#include <mpiddp/error.hpp>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "app/cli.hpp"
+
+namespace mpiddp::app {
+namespace {
+
+constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+// FILE.h5 -> FILE-train.h5 and FILE-test.h5
+std::string split_path(const std::string& out, const std::string& part) {
+  std::string base = out;
+  if (base.size() > 3 && base.compare(base.size() - 3, 3, ".h5") == 0) base.resize(base.size() - 3);
+  return base + "-" + part + ".h5";
+}
+
+std::string describe(const std::string& path) {
+  H5Dataset d(path);
+  const auto& i = d.info();
+  std::ostringstream s;
+  s << "wrote " << path << ": " << i.samples << " samples of [";
+  for (size_t k = 0; k < i.sample_shape.size(); ++k) s << (k ? ", " : "") << i.sample_shape[k];
+  s << "] " << (i.uint8_inputs ? "uint8" : "float32");
+  if (i.classification) {
+    s << ", " << i.num_classes << " classes";
+  } else {
+    s << ", regression targets of " << i.target_dim;
+  }
+  return s.str() + "\n";
+}
+
+std::string convert_idx(const std::string& source, const std::string& out, const std::string& name) {
+  std::string report;
+  for (const auto& [part, prefix] : {std::pair<std::string, std::string>{"train", "train"}, {"test", "t10k"}}) {
+    auto images = read_idx(source + "/" + prefix + "-images-idx3-ubyte.gz");
+    auto labels = read_idx(source + "/" + prefix + "-labels-idx1-ubyte.gz");
+    MPIDDP_CHECK(images.dim() == 3 && labels.dim() == 1 && images.size(0) == labels.size(0),
+                 name + " " + part + ": images " + std::to_string(images.size(0)) + " and labels " +
+                     std::to_string(labels.size(0)) + " differ or have the wrong shape");
+    const std::string path = split_path(out, part);
+    write_dataset(path, images.unsqueeze(1), labels.to(torch::kLong), 1.0 / 255.0, 10,
+                  name + " " + part + " from " + source);
+    report += describe(path);
+  }
+  return report;
+}
+
+}  // namespace
+
+int run_data(Runtime& runtime, const std::vector<std::string>& args) {
+  std::string kind, source, out;
+  int64_t samples = 2048, features = 20, targets = 1;
+  uint64_t seed = 0;
+  po::options_description options("mpiddp data options");
+  options.add_options()("help,h", "show this help")("kind", po::value(&kind), "fashion-mnist | mnist | synthetic")(
+      "source", po::value(&source), "folder of the IDX .gz files (fashion-mnist default: /usr/share/datasets/fashion-mnist)")(
+      "out", po::value(&out), "output file; fashion-mnist/mnist write OUT-train.h5 and OUT-test.h5")(
+      "samples", po::value(&samples)->default_value(2048), "synthetic: samples")(
+      "features", po::value(&features)->default_value(20), "synthetic: inputs per sample")(
+      "targets", po::value(&targets)->default_value(1), "synthetic: regression targets per sample")(
+      "seed", po::value(&seed)->default_value(0), "synthetic: random seed (same seed, same file)");
+  po::positional_options_description positional;
+  positional.add("kind", 1);
+  po::variables_map vm;
+  auto parse = [&] {
+    vm = parse_options(options, args, &positional);
+    if (vm.count("help")) return;
+    MPIDDP_CHECK(kind == "fashion-mnist" || kind == "mnist" || kind == "synthetic",
+                 kind.empty() ? std::string("say what to write: fashion-mnist, mnist or synthetic")
+                              : "unknown dataset kind '" + kind + "' (fashion-mnist, mnist, synthetic)");
+    MPIDDP_CHECK(!out.empty(), "--out is required");
+    if (kind == "fashion-mnist" && source.empty()) source = kFashionMnistDir;
+    MPIDDP_CHECK(kind == "synthetic" || !source.empty(), "--source is required for " + kind);
+    MPIDDP_CHECK(kind == "synthetic" || std::filesystem::is_directory(source),
+                 "--source '" + source + "' is not a folder");
+    MPIDDP_CHECK(samples > 0 && features > 0 && targets > 0, "--samples, --features and --targets must be > 0");
+  };
+  if (auto code = agree_on_local_phase(runtime, "data", parse)) return *code;
+  if (vm.count("help")) {
+    std::ostringstream help;
+    help << "usage: mpiddp data fashion-mnist|mnist [--source DIR] --out FILE.h5\n"
+            "       mpiddp data synthetic [--samples N] [--features F] [--seed S] --out FILE.h5\n\n"
+            "Writes datasets in mpiddp's HDF5 layout: /inputs [N, ...] (uint8 with a scale attribute, or\n"
+            "float32), /targets [N] int64 classes or [N, k] float32, file attributes task and num_classes.\n"
+            "synthetic is the seeds' regression set: inputs and targets uniform in [0, 1).\n\n"
+         << options;
+    print_rank0(runtime, help.str());
+    return kExitOk;
+  }
+  std::string report;
+  auto work = [&] {
+    if (runtime.rank() != 0) return;
+    if (kind == "synthetic") {
+      torch::manual_seed(seed);
+      auto x = torch::rand({samples, features});
+      auto y = torch::rand({samples, targets});
+      write_dataset(out, x, y, 1.0, 0, "mpiddp data synthetic --seed " + std::to_string(seed));
+      report = describe(out);
+    } else {
+      report = convert_idx(source, out, kind);
+    }
+  };
+  if (auto code = agree_on_local_phase(runtime, "data", work, kExitFailure)) return *code;
+  print_rank0(runtime, report);
+  return kExitOk;
+}
+
+}  // namespace mpiddp::app
