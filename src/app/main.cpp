@@ -17,6 +17,7 @@ const std::vector<mpiddp::app::Command>& commands() {
        mpiddp::app::run_info},
       {"bench", "collective time and bandwidth per size, nccl-tests style (mpi, nccl, gloo)",
        mpiddp::app::run_bench},
+      {"train", "data-parallel training of a built-in model on an HDF5 dataset", mpiddp::app::run_train},
       {"data", "write datasets in mpiddp's HDF5 layout (fashion-mnist, mnist, synthetic)", mpiddp::app::run_data},
   };
   return list;

@@ -1,0 +1,93 @@
+// `mpiddp train`: DDP training of a built-in model on an HDF5 dataset. Options come from the
+// command line, then --config FILE, then MPIDDP_* variables (see cli.hpp).
+#include <mpiddp/error.hpp>
+#include <mpiddp/trainer.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "app/cli.hpp"
+
+namespace mpiddp::app {
+
+int run_train(Runtime& runtime, const std::vector<std::string>& args) {
+  TrainConfig c;
+  double bucket_mb = 25, first_bucket_mb = 1;
+  std::string compression = "none", timeline;
+  po::options_description options("mpiddp train options");
+  options.add_options()("help,h", "show this help")("config", po::value<std::string>(), "read options from this file (name = value lines)")(
+      "model", po::value(&c.model)->default_value("cnn"), "linear | mlp | cnn (PyTorch's MNIST example net)")(
+      "data", po::value(&c.data), "training set (HDF5, see `mpiddp data`)")(
+      "test-data", po::value(&c.test_data), "test set, evaluated after each epoch")(
+      "epochs", po::value(&c.epochs)->default_value(1), "passes over the training set")(
+      "max-steps", po::value(&c.max_steps)->default_value(0), "stop after this many steps in all (0: no cap)")(
+      "batch-size", po::value(&c.batch_size)->default_value(64), "samples per rank per step")(
+      "lr", po::value(&c.lr)->default_value(0.01), "learning rate")(
+      "optimizer", po::value(&c.optimizer)->default_value("sgd"), "sgd | adam | adamw")(
+      "momentum", po::value(&c.momentum)->default_value(0.0), "sgd momentum")(
+      "weight-decay", po::value(&c.weight_decay)->default_value(0.0), "weight decay")(
+      "lr-schedule", po::value(&c.schedule)->default_value("none"), "none | step | cosine")(
+      "step-size", po::value(&c.step_size)->default_value(1), "step schedule: epochs between decays")(
+      "gamma", po::value(&c.gamma)->default_value(0.1), "step schedule: decay factor")(
+      "warmup-steps", po::value(&c.warmup_steps)->default_value(0), "linear warmup over this many steps")(
+      "seed", po::value(&c.seed)->default_value(0), "seed of the initial model and the sampler's shuffle")(
+      "no-shuffle", "keep the dataset's order")("drop-last", "drop the tail instead of padding shards to equal length")(
+      "device", po::value(&c.device)->default_value("cpu"), "cpu | cuda")(
+      "backend", po::value(&c.backend)->default_value("mpi"), "mpi | nccl | gloo")(
+      "threads", po::value(&c.threads)->default_value(0), "intra-op threads per rank (0: the cores each rank owns)")(
+      "metrics", po::value(&c.metrics_path), "append one JSON line per epoch to this file (rank 0)")(
+      "bucket-cap-mb", po::value(&bucket_mb)->default_value(25.0), "DDP bucket cap (MiB)")(
+      "first-bucket-cap-mb", po::value(&first_bucket_mb)->default_value(1.0), "DDP first bucket cap (MiB)")(
+      "compression", po::value(&compression)->default_value("none"), "gradients on the wire: none | bf16 | fp16")(
+      "timeline", po::value(&timeline), "per-rank Chrome trace of DDP (FILE -> FILE.rank<r>.json)");
+
+  std::unique_ptr<Trainer> trainer;
+  po::variables_map vm;
+  auto local = [&] {
+    vm = parse_options(options, args);
+    if (vm.count("help")) return;
+    c.shuffle = vm.count("no-shuffle") == 0;
+    c.drop_last = vm.count("drop-last") > 0;
+    MPIDDP_CHECK(bucket_mb > 0 && first_bucket_mb > 0, "--bucket-cap-mb and --first-bucket-cap-mb must be > 0");
+    c.ddp.bucket_cap_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
+    c.ddp.first_bucket_cap_bytes = static_cast<int64_t>(first_bucket_mb * (1 << 20));
+    MPIDDP_CHECK(compression == "none" || compression == "bf16" || compression == "fp16",
+                 "unknown --compression '" + compression + "' (none, bf16, fp16)");
+    if (compression == "bf16") c.ddp.compression = c10::kBFloat16;
+    if (compression == "fp16") c.ddp.compression = c10::kHalf;
+    c.ddp.timeline_path = timeline;
+    trainer = std::make_unique<Trainer>(runtime, c);  // opens and checks the data on every rank
+  };
+  if (auto code = agree_on_local_phase(runtime, "train", local)) return *code;
+  if (vm.count("help")) {
+    std::ostringstream help;
+    help << "usage: mpirun -np N mpiddp train --data TRAIN.h5 [--test-data TEST.h5] [options]\n\n"
+            "Options are read from the command line, then --config FILE, then MPIDDP_<NAME> variables\n"
+            "(--batch-size <- MPIDDP_BATCH_SIZE); the first that sets one wins.\n\n"
+         << options;
+    print_rank0(runtime, help.str());
+    return kExitOk;
+  }
+  if (runtime.rank() == 0) {
+    const auto& info = trainer->model();
+    int64_t params = 0;
+    for (const auto& p : info->parameters()) params += p.numel();
+    std::printf("mpiddp train: model %s (%lld parameters), %d rank(s) x batch %lld, %d thread(s) per rank, backend %s, device %s\n",
+                c.model.c_str(), static_cast<long long>(params), runtime.size(), static_cast<long long>(c.batch_size),
+                trainer->threads(), c.backend.c_str(), c.device.c_str());
+    std::fflush(stdout);
+  }
+  trainer->fit([&](const EpochMetrics& m, const std::vector<std::string>& lines) {
+    if (runtime.rank() != 0) return;
+    for (const auto& l : lines) std::printf("%s\n", l.c_str());
+    std::printf("epoch %lld: train loss %.4f", static_cast<long long>(m.epoch), m.train_loss);
+    if (m.test_loss >= 0) std::printf(", test loss %.4f", m.test_loss);
+    if (m.test_accuracy >= 0) std::printf(", test accuracy %.2f%%", 100.0 * m.test_accuracy);
+    std::printf(", %.1f samples/s, %.1f s, lr %.3g\n", m.samples_per_s, m.seconds, m.lr);
+    std::fflush(stdout);
+  });
+  return kExitOk;
+}
+
+}  // namespace mpiddp::app

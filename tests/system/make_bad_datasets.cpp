@@ -1,0 +1,39 @@
+// Writes the malformed dataset files tests/system/train_cli.sh feeds to `mpiddp train`.
+// usage: make_bad_datasets DIR
+#include <mpiddp/data.hpp>
+
+#include <hdf5.h>
+#include <torch/torch.h>
+
+#include <string>
+
+namespace {
+
+// /inputs float32 [n_in, 20] and, optionally, /targets float32 [n_tg, 1], written raw.
+void raw(const std::string& path, hsize_t n_in, hsize_t n_tg, bool targets) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  hsize_t din[2] = {n_in, 20}, dtg[2] = {n_tg, 1};
+  hid_t s = H5Screate_simple(2, din, nullptr);
+  H5Dclose(H5Dcreate2(f, "inputs", H5T_IEEE_F32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  H5Sclose(s);
+  if (targets) {
+    s = H5Screate_simple(2, dtg, nullptr);
+    H5Dclose(H5Dcreate2(f, "targets", H5T_IEEE_F32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Sclose(s);
+  }
+  H5Fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  const std::string dir = argv[1];
+  raw(dir + "/no_targets.h5", 8, 8, false);
+  raw(dir + "/mismatch.h5", 8, 7, true);
+  raw(dir + "/empty.h5", 0, 0, true);
+  // Labels 0..9 in a file that declares 5 classes.
+  mpiddp::write_dataset(dir + "/labels.h5", torch::rand({40, 20}), torch::arange(40, torch::kLong).remainder(10), 1.0, 5);
+  mpiddp::write_dataset(dir + "/three.h5", torch::rand({3, 20}), torch::rand({3, 1}));
+  return 0;
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `mpiddp train` end to end: the seeds' regression set (MSE falls), a short CNN run on
+# Fashion-MNIST with evaluation, option sources, and every kind of bad input (one line from
+# rank 0, non-zero exit on every rank, no hang).
+# usage: train_cli.sh path/to/mpiddp path/to/make_bad_datasets
+source "$(dirname "$0")/lib.sh"
+mpiddp=$1 make_bad=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$mpiddp" data synthetic --samples 2048 --features 20 --seed 1 --out "$tmp/syn.h5" >/dev/null
+"$make_bad" "$tmp"
+
+for n in 1 2 3 4; do
+  run_np "$n" "$mpiddp" train --model linear --data "$tmp/syn.h5" --epochs 4 --batch-size 32 --lr 0.05 \
+    --metrics "$tmp/m$n.jsonl"
+  check "synthetic np$n: exit 0" [ "$rc" -eq 0 ]
+  check "synthetic np$n: the seeds' line from every rank" \
+    [ "$(grep -c "^\[RANK [0-9]*\] Epoch 3 | Batchsize: 32 | Steps: $(( (2048 + n - 1) / n / 32 ))\$" <<<"$out")" -eq "$n" ]
+  check "synthetic np$n: MSE falls epoch over epoch" python3 - "$tmp/m$n.jsonl" "$n" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 4 and all(r["world_size"] == int(sys.argv[2]) for r in rows)
+losses = [r["train_loss"] for r in rows]
+assert all(b < a for a, b in zip(losses, losses[1:])), losses
+assert losses[-1] < 0.1, losses  # targets are uniform in [0, 1): the best constant predictor has MSE 1/12
+PY
+done
+
+src=/usr/share/datasets/fashion-mnist
+if [ -f "$src/train-images-idx3-ubyte.gz" ]; then
+  "$mpiddp" data fashion-mnist --out "$tmp/fm.h5" >/dev/null
+  run_np 2 "$mpiddp" train --model cnn --data "$tmp/fm-train.h5" --test-data "$tmp/fm-test.h5" --max-steps 4 \
+    --batch-size 16 --optimizer adam --lr 0.001
+  check "cnn on fashion-mnist: exit 0" [ "$rc" -eq 0 ]
+  check "cnn on fashion-mnist: evaluated" contains "^epoch 1: train loss [0-9.]*, test loss [0-9.]*, test accuracy [0-9.]*%" "$out"
+else
+  echo "SKIP - cnn on fashion-mnist: $src is missing (Debian package dataset-fashion-mnist)"
+fi
+
+# Option sources: command line > --config > MPIDDP_* environment.
+printf 'epochs = 2\nbatch-size = 64\n' >"$tmp/run.cfg"
+MPIDDP_BATCH_SIZE=16 MPIDDP_LR=0.05 run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --config "$tmp/run.cfg" \
+  --batch-size 128
+check "config + env + flag: exit 0" [ "$rc" -eq 0 ]
+check "the flag wins over the config file" contains "^\[RANK 1\] Epoch 1 | Batchsize: 128 | Steps: 8$" "$out"
+MPIDDP_BATCH_SIZE=16 run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --max-steps 2
+check "the environment applies when nothing else sets it" contains "Batchsize: 16 " "$out"
+
+bad() {  # bad "description" "expected text" args...
+  local desc=$1 want=$2
+  shift 2
+  run_np 2 "$mpiddp" train "$@"
+  check "$desc: non-zero exit, no hang" failed_cleanly
+  check "$desc: one line" one_line "$err"
+  check "$desc: says '$want'" contains "$want" "$err"
+}
+bad "missing file" "does not exist" --model linear --data "$tmp/nope.h5"
+bad "missing dataset" "has no dataset /targets" --model linear --data "$tmp/no_targets.h5"
+bad "inputs and targets of different lengths" "/inputs has 8 samples but /targets has 7" --model linear --data "$tmp/mismatch.h5"
+bad "labels out of the model's range" "labels range over \[0, 9\] but the model has 5 classes" --model mlp --data "$tmp/labels.h5"
+bad "empty dataset" "empty dataset" --model linear --data "$tmp/empty.h5"
+bad "fewer samples than ranks x batch" "fewer samples than ranks x batch" --model linear --data "$tmp/three.h5" --batch-size 4
+bad "cnn on 20 features" "--model cnn needs inputs of \[1, 28, 28\]" --model cnn --data "$tmp/syn.h5"
+bad "unknown option" "unrecognised option '--frobnicate'" --data "$tmp/syn.h5" --frobnicate 1
+bad "zero batch" "--batch-size must be > 0" --model linear --data "$tmp/syn.h5" --batch-size 0
+bad "negative batch" "--batch-size must be > 0" --model linear --data "$tmp/syn.h5" --batch-size -3
+bad "zero epochs" "--epochs must be > 0" --model linear --data "$tmp/syn.h5" --epochs 0
+bad "negative lr" "--lr must be > 0" --model linear --data "$tmp/syn.h5" --lr -0.1
+bad "zero lr" "--lr must be > 0" --model linear --data "$tmp/syn.h5" --lr 0
+bad "not a number" "invalid" --model linear --data "$tmp/syn.h5" --batch-size lots
+MPIDDP_MOMENTUM=x bad "bad number in the environment" "invalid" --model linear --data "$tmp/syn.h5"
+bad "unknown model" "unknown --model 'resnet'" --model resnet --data "$tmp/syn.h5"
+[[ " ${MPIDDP_BACKENDS:-} " == *" nccl "* ]] && bad "nccl without a cuda device" "goes with --device cuda" --model linear --data "$tmp/syn.h5" --backend nccl
+finish
