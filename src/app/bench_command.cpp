@@ -308,13 +308,12 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
     return *code;
   }
   if (vm.count("help")) {
-    std::ostringstream help;
-    help << "usage: mpirun -np N mpiddp bench [options]\n\n"
+    print_help(runtime,
+               "usage: mpirun -np N mpiddp bench [options]\n\n"
             "Measures collective time and bandwidth per size like nccl-tests: algbw = S / t, busbw = algbw x\n"
             "2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall; S = the whole array), 1\n"
-            "(broadcast). Exit status 1 if any element was wrong.\n\n"
-         << options;
-    print_rank0(runtime, help.str());
+            "(broadcast). Exit status 1 if any element was wrong.\n\n",
+               options);
     return kExitOk;
   }
 

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace mpiddp::app {
 
@@ -80,6 +81,12 @@ std::optional<int> agree_on_local_phase(const Runtime& runtime, const std::strin
     }
   }
   return failure_code;
+}
+
+void print_help(const Runtime& runtime, const std::string& usage, const po::options_description& options) {
+  std::ostringstream help;
+  help << usage << "\n" << options;
+  print_rank0(runtime, help.str());
 }
 
 void print_rank0(const Runtime& runtime, const std::string& text) {

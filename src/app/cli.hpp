@@ -37,6 +37,9 @@ std::string env_name_for(const std::string& option);
 std::optional<int> agree_on_local_phase(const Runtime& runtime, const std::string& command,
                                         const std::function<void()>& body, int failure_code = kExitUsage);
 
+/// Prints `usage` then the option table on rank 0 (a command's --help).
+void print_help(const Runtime& runtime, const std::string& usage, const po::options_description& options);
+
 /// Prints `text` on rank 0 only.
 void print_rank0(const Runtime& runtime, const std::string& text);
 

@@ -87,14 +87,13 @@ int run_data(Runtime& runtime, const std::vector<std::string>& args) {
   };
   if (auto code = agree_on_local_phase(runtime, "data", parse)) return *code;
   if (vm.count("help")) {
-    std::ostringstream help;
-    help << "usage: mpiddp data fashion-mnist|mnist [--source DIR] --out FILE.h5\n"
+    print_help(runtime,
+               "usage: mpiddp data fashion-mnist|mnist [--source DIR] --out FILE.h5\n"
             "       mpiddp data synthetic [--samples N] [--features F] [--seed S] --out FILE.h5\n\n"
             "Writes datasets in mpiddp's HDF5 layout: /inputs [N, ...] (uint8 with a scale attribute, or\n"
             "float32), /targets [N] int64 classes or [N, k] float32, file attributes task and num_classes.\n"
-            "synthetic is the seeds' regression set: inputs and targets uniform in [0, 1).\n\n"
-         << options;
-    print_rank0(runtime, help.str());
+            "synthetic is the seeds' regression set: inputs and targets uniform in [0, 1).\n\n",
+               options);
     return kExitOk;
   }
   std::string report;

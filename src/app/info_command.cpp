@@ -121,13 +121,12 @@ int run_info(Runtime& runtime, const std::vector<std::string>& args) {
   po::variables_map vm;
   if (auto code = agree_on_local_phase(runtime, "info", [&] { vm = parse_options(options, args); })) return *code;
   if (vm.count("help")) {
-    std::ostringstream help;
-    help << "usage: mpirun -np N mpiddp info [options]\n\n"
+    print_help(runtime,
+               "usage: mpirun -np N mpiddp info [options]\n\n"
             "Prints every rank's hostname, rank, local rank, node index, device and NCCL_* variables in rank\n"
             "order, the library versions, and checks allreduce, broadcast and allgather on all ranks.\n"
-            "Exit status 0 when the sanity check passes on every rank, 1 otherwise.\n\n"
-         << options;
-    print_rank0(runtime, help.str());
+            "Exit status 0 when the sanity check passes on every rank, 1 otherwise.\n\n",
+               options);
     return kExitOk;
   }
 

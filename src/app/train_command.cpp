@@ -61,12 +61,11 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
   };
   if (auto code = agree_on_local_phase(runtime, "train", local)) return *code;
   if (vm.count("help")) {
-    std::ostringstream help;
-    help << "usage: mpirun -np N mpiddp train --data TRAIN.h5 [--test-data TEST.h5] [options]\n\n"
+    print_help(runtime,
+               "usage: mpirun -np N mpiddp train --data TRAIN.h5 [--test-data TEST.h5] [options]\n\n"
             "Options are read from the command line, then --config FILE, then MPIDDP_<NAME> variables\n"
-            "(--batch-size <- MPIDDP_BATCH_SIZE); the first that sets one wins.\n\n"
-         << options;
-    print_rank0(runtime, help.str());
+            "(--batch-size <- MPIDDP_BATCH_SIZE); the first that sets one wins.\n\n",
+               options);
     return kExitOk;
   }
   if (runtime.rank() == 0) {
