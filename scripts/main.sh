@@ -16,7 +16,8 @@ mpirun -np 2 "${MPIRUN_FLAGS[@]}" -x NCCL_DEBUG=INFO build/mpiddp info
 rm -f "$data/metrics.jsonl"
 mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core build/mpiddp train --model cnn \
   --data "$data/fashion-mnist-train.h5" --test-data "$data/fashion-mnist-test.h5" \
-  --epochs 3 --batch-size 64 --optimizer adam --lr 0.001 --seed 0 --metrics "$data/metrics.jsonl" "$@"
+  --epochs 4 --batch-size 64 --optimizer adam --lr 0.002 --lr-schedule cosine --seed 0 \
+  --metrics "$data/metrics.jsonl" "$@"
 set +x
 python3 -c '
 import json, sys
