@@ -22,4 +22,5 @@ set +x
 python3 -c '
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1])][-1]
-print(f"main job: test accuracy {100 * last[\"test_accuracy\"]:.2f}% after {last[\"epoch\"]} epoch(s)")' "$data/metrics.jsonl"
+accuracy, epochs = last["test_accuracy"], last["epoch"]
+print(f"main job: test accuracy {100 * accuracy:.2f}% after {epochs} epoch(s)")' "$data/metrics.jsonl"
