@@ -125,13 +125,18 @@ class ProcessGroup {
 
  protected:
   ProcessGroup(const Runtime& runtime, CommOptions options);
-  /// Starts `call` (arguments already validated) and returns its handle.
+  /// Starts `call` (arguments already validated) and returns its handle. Unless
+  /// averages_natively(), an avg reduction is to be run as a sum: the group divides afterwards.
   virtual WorkHandle launch(const Call& call) = 0;
+  /// True when the backend computes ReduceOp::kAvg itself (NCCL's ncclAvg).
+  virtual bool averages_natively() const { return false; }
   /// Throws mpiddp::Error unless this backend can use tensors on `device` ("<what>: ..." prefix).
   virtual void check_device(const c10::Device& device, const std::string& what) const = 0;
 
  private:
   WorkHandle issue(Call call);
+  /// launch(), plus the division by the world size for averages the backend runs as sums.
+  WorkHandle start(const Call& call);
   void validate(const Call& call) const;
 
   const Runtime& runtime_;

@@ -123,10 +123,6 @@ class GlooProcessGroup : public ProcessGroup {
           c10d::AllreduceOptions o;
           o.reduceOp = gloo_op(c.op);
           work = pg_->allreduce(v, o);
-          if (c.op == ReduceOp::kAvg) {
-            torch::Tensor out = c.output;
-            finish = [out, n] { out.div_(n); };
-          }
           break;
         }
         case Collective::kBroadcast: {
@@ -155,11 +151,7 @@ class GlooProcessGroup : public ProcessGroup {
           torch::Tensor out = c.output;
           const int64_t count = c.output.numel();
           const int64_t offset = count * rank();
-          const bool avg = c.op == ReduceOp::kAvg;
-          finish = [out, tmp, count, offset, avg, n] {
-            out.view(-1).copy_(tmp.narrow(0, offset, count));
-            if (avg) out.div_(n);
-          };
+          finish = [out, tmp, count, offset] { out.view(-1).copy_(tmp.narrow(0, offset, count)); };
           break;
         }
         case Collective::kAlltoall: {

@@ -134,10 +134,6 @@ class MpiProcessGroup : public ProcessGroup {
         const int count = checked_count(c.input.numel());
         MPIDDP_CHECK_MPI(MPI_Iallreduce(c.in_place ? MPI_IN_PLACE : c.input.data_ptr(), c.output.data_ptr(), count,
                                         type, mpi_op(c.op, c.input.scalar_type()), comm_, &req));
-        if (c.op == ReduceOp::kAvg) {
-          torch::Tensor out = c.output;
-          finish = [out, n] { out.div_(n); };
-        }
         break;
       }
       case Collective::kBroadcast: {
@@ -161,13 +157,9 @@ class MpiProcessGroup : public ProcessGroup {
         keep.push_back(target);
         MPIDDP_CHECK_MPI(MPI_Ireduce_scatter_block(c.input.data_ptr(), target.data_ptr(), count, type,
                                                    mpi_op(c.op, c.input.scalar_type()), comm_, &req));
-        torch::Tensor out = c.output;
-        const bool avg = c.op == ReduceOp::kAvg, copy = c.in_place;
-        if (avg || copy) {
-          finish = [out, target, n, avg, copy] {
-            if (copy) out.copy_(target);
-            if (avg) out.div_(n);
-          };
+        if (c.in_place) {
+          torch::Tensor out = c.output;
+          finish = [out, target] { out.copy_(target); };
         }
         break;
       }

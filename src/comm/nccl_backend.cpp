@@ -111,6 +111,7 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "nccl"; }
+  bool averages_natively() const override { return true; }  // ncclAvg
 
  protected:
   void check_device(const c10::Device& device, const std::string& what) const override {

@@ -244,7 +244,7 @@ struct ProcessGroup::Checker {
       p.exchanged = true;
       try {
         check_agreement(p);
-        p.inner = pg->launch(p.call);
+        p.inner = pg->start(p.call);
       } catch (...) {
         p.error = std::current_exception();
       }
@@ -421,6 +421,40 @@ int64_t offset_within(const torch::Tensor& part, const torch::Tensor& whole) {
 
 }  // namespace
 
+namespace {
+
+// Divides the output by the world size once the summing collective underneath has completed.
+class AveragingWork : public Work {
+ public:
+  AveragingWork(WorkHandle sum, torch::Tensor output, int n) : sum_(std::move(sum)), output_(std::move(output)), n_(n) {}
+  bool test() override {
+    if (!done_ && sum_->test()) divide();
+    return done_;
+  }
+  void wait() override {
+    sum_->wait();
+    if (!done_) divide();
+  }
+
+ private:
+  void divide() {
+    output_.div_(n_);
+    done_ = true;
+  }
+  WorkHandle sum_;
+  torch::Tensor output_;
+  int n_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+WorkHandle ProcessGroup::start(const Call& call) {
+  const bool reduces = call.kind == Collective::kAllreduce || call.kind == Collective::kReduceScatter;
+  if (!reduces || call.op != ReduceOp::kAvg || averages_natively()) return launch(call);
+  return std::make_unique<AveragingWork>(launch(call), call.output, size_);
+}
+
 WorkHandle ProcessGroup::issue(Call call) {
   validate(call);
   call.seq = ++seq_;
@@ -436,7 +470,7 @@ WorkHandle ProcessGroup::issue(Call call) {
         call.in_place = call.input.numel() > 0 && call.input.data_ptr() == call.output.data_ptr();
     }
   }
-  if (!checker_) return launch(call);
+  if (!checker_) return start(call);
   auto pending = checker_->post(std::move(call));
   return std::make_unique<CheckedWork>(checker_, pending, options_.timeout);
 }
