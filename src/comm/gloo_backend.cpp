@@ -26,33 +26,24 @@ class GlooWork : public PollingWork {
  public:
   GlooWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Work> work,
            std::vector<torch::Tensor> keep, std::function<void()> finish)
-      : PollingWork(call, timeout), work_(std::move(work)), keep_(std::move(keep)), finish_(std::move(finish)) {}
-  ~GlooWork() override {
-    if (!done_) wait_or_abort();
-  }
+      : PollingWork(call, timeout, std::move(keep), std::move(finish)), work_(std::move(work)) {}
+  ~GlooWork() override { settle(); }
 
-  bool test() override {
-    if (done_) return true;
+ protected:
+  bool poll() override {
     if (!work_->isCompleted()) return false;
     if (auto e = work_->exception()) {
       try {
         std::rethrow_exception(e);
       } catch (const std::exception& x) {
-        done_ = true;
         MPIDDP_THROW("gloo: " + what() + " failed: " + x.what());
       }
     }
-    done_ = true;
-    if (finish_) finish_();
-    keep_.clear();
     return true;
   }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
-  std::vector<torch::Tensor> keep_;
-  std::function<void()> finish_;
-  bool done_ = false;
 };
 
 class GlooProcessGroup : public ProcessGroup {

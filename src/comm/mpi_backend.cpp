@@ -51,29 +51,20 @@ bool mpi_is_cuda_aware() {
 
 class MpiWork : public PollingWork {
  public:
-  MpiWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, MPI_Request request, std::vector<torch::Tensor> keep,
-          std::function<void()> finish)
-      : PollingWork(call, timeout), request_(request), keep_(std::move(keep)), finish_(std::move(finish)) {}
-  ~MpiWork() override {
-    if (!done_) wait_or_abort();
-  }
+  MpiWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, MPI_Request request,
+          std::vector<torch::Tensor> keep, std::function<void()> finish)
+      : PollingWork(call, timeout, std::move(keep), std::move(finish)), request_(request) {}
+  ~MpiWork() override { settle(); }
 
-  bool test() override {
-    if (done_) return true;
+ protected:
+  bool poll() override {
     int flag = 0;
     MPIDDP_CHECK_MPI(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
-    if (!flag) return false;
-    done_ = true;
-    if (finish_) finish_();
-    keep_.clear();
-    return true;
+    return flag != 0;
   }
 
  private:
   MPI_Request request_;
-  std::vector<torch::Tensor> keep_;  // scratch buffers MPI reads or writes stay alive until completion
-  std::function<void()> finish_;
-  bool done_ = false;
 };
 
 class MpiProcessGroup : public ProcessGroup {

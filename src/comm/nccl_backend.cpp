@@ -39,20 +39,18 @@ class NcclWork : public PollingWork {
  public:
   NcclWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, ncclComm_t comm, cudaEvent_t done,
            std::vector<torch::Tensor> keep)
-      : PollingWork(call, timeout), comm_(comm), done_event_(done), keep_(std::move(keep)) {}
+      : PollingWork(call, timeout, std::move(keep)), comm_(comm), done_event_(done) {}
   ~NcclWork() override {
-    if (!done_ && !aborted_) wait_or_abort();
+    settle();
     cudaEventDestroy(done_event_);
   }
 
-  bool test() override {
-    if (done_) return true;
+ protected:
+  bool poll() override {
     cudaError_t q = cudaEventQuery(done_event_);
     if (q == cudaSuccess) {
       // Later work on the default stream must see the results.
       MPIDDP_CHECK_CUDA(cudaStreamWaitEvent(0, done_event_, 0));
-      done_ = true;
-      keep_.clear();
       return true;
     }
     MPIDDP_CHECK(q == cudaErrorNotReady, std::string("CUDA error while waiting for ") + what() + ": " +
@@ -64,19 +62,14 @@ class NcclWork : public PollingWork {
     return false;
   }
 
- protected:
   void on_timeout() override {
     // Frees the GPU from the stuck kernel; the communicator (and so the group) is unusable after.
     ncclCommAbort(comm_);
-    aborted_ = true;
   }
 
  private:
   ncclComm_t comm_;
   cudaEvent_t done_event_;
-  std::vector<torch::Tensor> keep_;
-  bool done_ = false;
-  bool aborted_ = false;
 };
 
 class NcclProcessGroup : public ProcessGroup {

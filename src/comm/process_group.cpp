@@ -92,8 +92,28 @@ CommOptions CommOptions::from_environment() {
 
 namespace detail {
 
-PollingWork::PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout)
-    : call_(call), timeout_(timeout), start_(std::chrono::steady_clock::now()) {}
+PollingWork::PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout,
+                         std::vector<torch::Tensor> keep, std::function<void()> finish)
+    : call_(call),
+      timeout_(timeout),
+      start_(std::chrono::steady_clock::now()),
+      keep_(std::move(keep)),
+      finish_(std::move(finish)) {}
+
+bool PollingWork::test() {
+  if (failure_) std::rethrow_exception(failure_);
+  if (completed_) return true;
+  try {
+    if (!poll()) return false;
+    if (finish_) finish_();
+  } catch (...) {
+    failure_ = std::current_exception();
+    throw;
+  }
+  completed_ = true;
+  keep_.clear();
+  return true;
+}
 
 void PollingWork::wait() {
   // Spin (small messages finish in microseconds; MPI's non-blocking collectives progress only
@@ -110,7 +130,8 @@ void PollingWork::wait() {
       std::ostringstream msg;
       msg << what() << " did not complete within " << static_cast<double>(timeout_.count()) / 1000.0 << " s: "
           << who_is_missing();
-      throw CollectiveTimeout(msg.str(), __FILE__, __LINE__);
+      failure_ = std::make_exception_ptr(CollectiveTimeout(msg.str(), __FILE__, __LINE__));
+      std::rethrow_exception(failure_);
     }
     if (waited > std::chrono::milliseconds(100)) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -124,7 +145,8 @@ std::string PollingWork::who_is_missing() {
   return "the late ranks are named in check mode only (MPIDDP_CHECK_COLLECTIVES=1)";
 }
 
-void PollingWork::wait_or_abort() noexcept {
+void PollingWork::settle() noexcept {
+  if (completed_ || failure_) return;  // nothing in flight, or the caller has the error
   try {
     wait();
   } catch (const CollectiveMismatch&) {
@@ -303,26 +325,19 @@ class CheckedWork : public detail::PollingWork {
   CheckedWork(std::shared_ptr<ProcessGroup::Checker> checker, std::shared_ptr<ProcessGroup::Checker::Pending> p,
               std::chrono::milliseconds timeout)
       : PollingWork(p->call, timeout), checker_(std::move(checker)), p_(std::move(p)) {}
-  ~CheckedWork() override {
-    if (!done_) wait_or_abort();
-  }
-
-  bool test() override {
-    if (done_) return true;
-    checker_->progress();
-    if (p_->error) std::rethrow_exception(p_->error);
-    if (!p_->inner) return false;
-    done_ = p_->inner->test();
-    return done_;
-  }
+  ~CheckedWork() override { settle(); }
 
  protected:
+  bool poll() override {
+    checker_->progress();
+    if (p_->error) std::rethrow_exception(p_->error);
+    return p_->inner && p_->inner->test();
+  }
   std::string who_is_missing() override { return checker_->missing(*p_); }
 
  private:
   std::shared_ptr<ProcessGroup::Checker> checker_;
   std::shared_ptr<ProcessGroup::Checker::Pending> p_;
-  bool done_ = false;
 };
 
 }  // namespace

@@ -4,26 +4,37 @@
 #include <mpiddp/comm.hpp>
 
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace mpiddp::detail {
 
-/// A Work whose wait() polls test() until done or until `timeout` after creation, then throws
-/// CollectiveTimeout with the call's description and who_is_missing().
+/// What every backend's Work shares: test() polls the backend (poll()), and on completion runs
+/// the backend's finishing step and releases the buffers it kept alive; wait() polls until done or
+/// until `timeout` after creation, then throws CollectiveTimeout with the call's description and
+/// who_is_missing(). A handle whose collective completed, failed or timed out is settled: dropping
+/// it neither waits nor aborts, so a caller can catch the error. Derived destructors call settle().
 class PollingWork : public Work {
  public:
-  /// `call` is kept to describe the collective only if it times out or fails.
-  PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout);
-  void wait() override;
+  /// `call` is kept to describe the collective if it times out or fails; `keep` (scratch buffers
+  /// the library reads or writes) lives until completion; `finish` runs once on completion.
+  PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, std::vector<torch::Tensor> keep = {},
+              std::function<void()> finish = nullptr);
+  bool test() final;
+  void wait() final;
 
  protected:
+  /// True once the backend's transfer is complete; throws if it failed.
+  virtual bool poll() = 0;
   /// Appended to the timeout error; backends that know which ranks are late say so.
   virtual std::string who_is_missing();
   /// Called once before the timeout error is thrown (NCCL aborts its communicator here).
   virtual void on_timeout() {}
-  /// For destructors: waits, and on failure reports and aborts the job (they cannot throw).
-  void wait_or_abort() noexcept;
+  /// For destructors: waits for a collective still in flight; if that fails, reports and aborts
+  /// the job (destructors cannot throw, and the buffers must not be freed under the transfer).
+  void settle() noexcept;
 
   std::string what() const { return call_.describe(); }
 
@@ -31,16 +42,10 @@ class PollingWork : public Work {
   ProcessGroup::Call call_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point start_;
-};
-
-/// A Work that is already complete (world of one, empty tensors).
-class DoneWork : public Work {
- public:
-  explicit DoneWork(std::function<void()> finish = nullptr) {
-    if (finish) finish();
-  }
-  bool test() override { return true; }
-  void wait() override {}
+  std::vector<torch::Tensor> keep_;
+  std::function<void()> finish_;
+  bool completed_ = false;
+  std::exception_ptr failure_;  ///< set when poll(), finish or the deadline failed
 };
 
 }  // namespace mpiddp::detail

@@ -13,6 +13,9 @@ check "one late rank: job ends non-zero, no hang" failed_cleanly
 check "one late rank: ended within 30 s" [ "$(elapsed)" -lt 30 ]
 check "one late rank: waiting ranks name it, the op and the sequence number" \
   contains "allreduce #2 (float32\[8\], sum) did not complete within 1 s: rank 0 has not arrived" "$err"
+check "one late rank: the caller catches the timeout (dropping the handle does not abort first)" \
+  contains "^mpiddp: error: \[rank [12]\] .*did not complete within 1 s" "$err"
+check "one late rank: no abort from a discarded handle" bash -c '! grep -q "while discarding its handle" <<<"$1"' _ "$err"
 
 t0=$(date +%s)
 run_np 4 "$probe" --backend mpi --late 0,2 --timeout-ms 1500 --check 1
