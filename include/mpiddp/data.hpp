@@ -53,6 +53,12 @@ class H5Dataset {
   Example read_range(int64_t begin, int64_t count) const;
   /// Throws unless every class label lies in [0, num_classes); scans in bounded chunks.
   void check_labels(int64_t num_classes) const;
+  /// Bytes the dataset takes as stored (inputs and targets).
+  int64_t stored_bytes() const;
+  /// Loads the whole dataset into memory (inputs as stored: uint8 stays uint8) when it takes at
+  /// most `max_bytes`; later reads index memory instead of the file. Returns whether it did.
+  bool cache(int64_t max_bytes);
+  bool cached() const;
 
  private:
   struct Handles;

@@ -28,6 +28,14 @@ class Error : public std::runtime_error {
   int rank_;
 };
 
+/// An error that every rank raises alike, at the same point, because the ranks decided it
+/// together (a verdict broadcast by rank 0 or all-reduced). No rank is left in a collective, so
+/// the job can end cleanly, without MPI_Abort, and rank 0 alone reports it.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// The world rank recorded by Runtime (or -1); used to stamp errors and log lines.
 int current_rank() noexcept;
 /// Set by Runtime once MPI has told it the rank.
@@ -36,6 +44,7 @@ void set_current_rank(int rank) noexcept;
 }  // namespace mpiddp
 
 #define MPIDDP_THROW(msg) throw ::mpiddp::Error((msg), __FILE__, __LINE__)
+#define MPIDDP_THROW_AGREED(msg) throw ::mpiddp::AgreedError((msg), __FILE__, __LINE__)
 
 /// Throws mpiddp::Error with `msg` (any expression convertible to std::string) unless `cond`.
 #define MPIDDP_CHECK(cond, msg) \

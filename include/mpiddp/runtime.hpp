@@ -123,6 +123,11 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& local,
 /// Every rank gets every rank's string, in rank order. Collective.
 std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& local);
 
+/// `root`'s string replaces `value` on every rank. Collective.
+void broadcast_string(MPI_Comm comm, std::string& value, int root = 0);
+/// `root`'s bytes replace `bytes` on every rank (any size: sent in pieces). Collective.
+void broadcast_bytes(MPI_Comm comm, std::vector<char>& bytes, int root = 0);
+
 /// All ranks agree on a verdict: true only if `local_ok` is true on every rank. Collective.
 bool all_ok(MPI_Comm comm, bool local_ok);
 

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
         code = found->run(*runtime, std::vector<std::string>(args.begin() + 1, args.end()));
       }
     }
+  } catch (const mpiddp::AgreedError& e) {
+    // Every rank raised this one together: report once, end cleanly.
+    if (runtime->rank() == 0) std::cerr << "mpiddp " << args[0] << ": error: " << e.message() << std::endl;
+    code = mpiddp::app::kExitFailure;
   } catch (const std::exception& e) {
     // A failure inside a collective phase: the other ranks may be waiting in a collective that
     // this rank will never enter, so the whole job ends here rather than hangs.

@@ -7,11 +7,41 @@
 #include <hdf5.h>
 
 #include <string>
+#include <utility>
 
 namespace mpiddp::detail {
 
 /// HDF5's current error stack as one line ("H5Fopen: unable to open file: ..."), then cleared.
 std::string hdf5_error_text();
+
+/// Stops HDF5 printing its error stack to stderr (mpiddp turns errors into exceptions). Idempotent.
+void quiet_hdf5();
+
+/// RAII, move-only owner of one hid_t (file, dataset, dataspace, type, property list, attribute,
+/// group) with the H5?close function that frees it.
+class Hid {
+ public:
+  Hid() = default;
+  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  Hid& operator=(Hid&& o) noexcept {
+    std::swap(id_, o.id_);
+    std::swap(close_, o.close_);
+    return *this;
+  }
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  ~Hid() {
+    if (id_ >= 0 && close_) close_(id_);
+  }
+  hid_t get() const { return id_; }
+  /// Gives up ownership (for a close whose status matters: the caller closes it).
+  hid_t release() { return std::exchange(id_, -1); }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
 
 }  // namespace mpiddp::detail
 

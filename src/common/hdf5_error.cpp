@@ -22,4 +22,12 @@ std::string hdf5_error_text() {
   return text;
 }
 
+void quiet_hdf5() {
+  static const bool once = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    return true;
+  }();
+  (void)once;
+}
+
 }  // namespace mpiddp::detail

@@ -16,35 +16,8 @@
 namespace mpiddp {
 namespace {
 
-// HDF5 prints its error stack to stderr by default; mpiddp turns errors into exceptions instead.
-void quiet_hdf5() {
-  static const bool once = [] {
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    return true;
-  }();
-  (void)once;
-}
-
-// RAII for one hid_t (file, dataset, dataspace, type, property list, attribute).
-class Hid {
- public:
-  Hid() = default;
-  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  Hid& operator=(Hid&& o) noexcept {
-    std::swap(id_, o.id_);
-    std::swap(close_, o.close_);
-    return *this;
-  }
-  ~Hid() {
-    if (id_ >= 0 && close_) close_(id_);
-  }
-  hid_t get() const { return id_; }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
+using detail::Hid;
+using detail::quiet_hdf5;
 
 std::vector<hsize_t> dims_of(hid_t space) {
   const int nd = MPIDDP_CHECK_HDF5(H5Sget_simple_extent_ndims(space));
@@ -70,6 +43,7 @@ Kind kind_of(hid_t dataset) {
 struct H5Dataset::Handles {
   Hid file, inputs, targets;
   std::vector<hsize_t> in_dims, tg_dims;
+  torch::Tensor mem_inputs, mem_targets;  // the whole dataset, once cache() loaded it
 
   // Reads the (sorted, distinct) rows into a tensor of `dtype`, one hyperslab per run of
   // consecutive rows, in one H5Dread.
@@ -148,6 +122,14 @@ H5Dataset::~H5Dataset() = default;
 
 Example H5Dataset::read(const std::vector<int64_t>& indices) const {
   MPIDDP_CHECK(!indices.empty(), "read of no samples");
+  if (cached()) {
+    const auto [lo, hi] = std::minmax_element(indices.begin(), indices.end());
+    MPIDDP_CHECK(*lo >= 0 && *hi < info_.samples, "sample index out of range [0, " + std::to_string(info_.samples) + ")");
+    auto order = torch::tensor(indices, torch::kLong);
+    Example e{h_->mem_inputs.index_select(0, order), h_->mem_targets.index_select(0, order)};
+    if (info_.uint8_inputs) e.inputs = e.inputs.to(torch::kFloat).mul_(info_.scale);
+    return e;
+  }
   std::vector<int64_t> sorted(indices);
   std::sort(sorted.begin(), sorted.end());
   sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
@@ -195,6 +177,30 @@ void H5Dataset::check_labels(int64_t num_classes) const {
                                                   std::to_string(num_classes) + " classes");
   }
 }
+
+int64_t H5Dataset::stored_bytes() const {
+  auto bytes = [](const std::vector<hsize_t>& dims, int64_t element) {
+    int64_t n = element;
+    for (auto d : dims) n *= static_cast<int64_t>(d);
+    return n;
+  };
+  return bytes(h_->in_dims, info_.uint8_inputs ? 1 : 4) + bytes(h_->tg_dims, info_.classification ? 8 : 4);
+}
+
+bool H5Dataset::cache(int64_t max_bytes) {
+  if (cached()) return true;
+  if (stored_bytes() > max_bytes) return false;
+  std::vector<int64_t> all(static_cast<size_t>(info_.samples));
+  std::iota(all.begin(), all.end(), 0);
+  h_->mem_inputs = info_.uint8_inputs ? h_->rows(h_->inputs.get(), h_->in_dims, all, torch::kUInt8, H5T_NATIVE_UINT8)
+                                      : h_->rows(h_->inputs.get(), h_->in_dims, all, torch::kFloat, H5T_NATIVE_FLOAT);
+  h_->mem_targets = info_.classification
+                        ? h_->rows(h_->targets.get(), h_->tg_dims, all, torch::kLong, H5T_NATIVE_INT64)
+                        : h_->rows(h_->targets.get(), h_->tg_dims, all, torch::kFloat, H5T_NATIVE_FLOAT);
+  return true;
+}
+
+bool H5Dataset::cached() const { return h_->mem_inputs.defined(); }
 
 void write_dataset(const std::string& path, const torch::Tensor& inputs, const torch::Tensor& targets, double scale,
                    int64_t num_classes, const std::string& source) {

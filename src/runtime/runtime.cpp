@@ -260,6 +260,23 @@ std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& loc
   return split_pieces(all, lens, displs);
 }
 
+void broadcast_bytes(MPI_Comm comm, std::vector<char>& bytes, int root) {
+  auto size = static_cast<int64_t>(bytes.size());
+  MPIDDP_CHECK_MPI(MPI_Bcast(&size, 1, MPI_INT64_T, root, comm));
+  bytes.resize(static_cast<size_t>(size));
+  constexpr int64_t kPiece = int64_t{1} << 30;  // MPI counts are int
+  for (int64_t at = 0; at < size; at += kPiece) {
+    const int n = static_cast<int>(std::min(kPiece, size - at));
+    MPIDDP_CHECK_MPI(MPI_Bcast(bytes.data() + at, n, MPI_BYTE, root, comm));
+  }
+}
+
+void broadcast_string(MPI_Comm comm, std::string& value, int root) {
+  std::vector<char> bytes(value.begin(), value.end());
+  broadcast_bytes(comm, bytes, root);
+  value.assign(bytes.begin(), bytes.end());
+}
+
 bool all_ok(MPI_Comm comm, bool local_ok) {
   int ok = local_ok ? 1 : 0;
   MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm));

@@ -14,7 +14,7 @@ check "one late rank: ended within 30 s" [ "$(elapsed)" -lt 30 ]
 check "one late rank: waiting ranks name it, the op and the sequence number" \
   contains "allreduce #2 (float32\[8\], sum) did not complete within 1 s: rank 0 has not arrived" "$err"
 check "one late rank: the caller catches the timeout (dropping the handle does not abort first)" \
-  contains "^mpiddp: error: \[rank [12]\] .*did not complete within 1 s" "$err"
+  contains "mpiddp: error: \[rank [12]\] .*did not complete within 1 s" "$err"  # ranks write at once: no ^
 check "one late rank: no abort from a discarded handle" bash -c '! grep -q "while discarding its handle" <<<"$1"' _ "$err"
 
 t0=$(date +%s)

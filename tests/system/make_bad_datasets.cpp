@@ -5,6 +5,8 @@
 #include <hdf5.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <limits>
 #include <string>
 
 namespace {
@@ -35,5 +37,18 @@ int main(int argc, char** argv) {
   // Labels 0..9 in a file that declares 5 classes.
   mpiddp::write_dataset(dir + "/labels.h5", torch::rand({40, 20}), torch::arange(40, torch::kLong).remainder(10), 1.0, 5);
   mpiddp::write_dataset(dir + "/three.h5", torch::rand({3, 20}), torch::rand({3, 1}));
+  // A regression set whose row 21 holds a NaN: without shuffling, at 2 ranks x batch 4 it is in
+  // global step 2 (rows 16..23), on rank 1 (odd rows).
+  auto x = torch::rand({64, 20});
+  x[21][3] = std::numeric_limits<float>::quiet_NaN();
+  mpiddp::write_dataset(dir + "/nan.h5", x, torch::rand({64, 1}));
+  // The first 384 Fashion-MNIST training images, when Debian's dataset-fashion-mnist is there: a
+  // CNN workload small enough to cross several epochs in seconds.
+  const std::string fm = "/usr/share/datasets/fashion-mnist/";
+  if (std::filesystem::exists(fm + "train-images-idx3-ubyte.gz")) {
+    auto images = mpiddp::read_idx(fm + "train-images-idx3-ubyte.gz").slice(0, 0, 384).unsqueeze(1).contiguous();
+    auto labels = mpiddp::read_idx(fm + "train-labels-idx1-ubyte.gz").slice(0, 0, 384).to(torch::kLong);
+    mpiddp::write_dataset(dir + "/fm-small.h5", images, labels, 1.0 / 255.0, 10, "fashion-mnist (first 384)");
+  }
   return 0;
 }

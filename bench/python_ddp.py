@@ -1,0 +1,88 @@
+"""The Python baseline: PyTorch DDP with gloo, started by mpirun the MIT SuperCloud way (rank and
+size from Open MPI's variables, MASTER_ADDR/MASTER_PORT set by hand), a DataLoader over a
+DistributedSampler with set_epoch as in the AWS CPU-DDP seed. Same HDF5 file (read whole with
+h5py), models, sampler rule and optimizers as `mpiddp train`; one JSON line per epoch on rank 0
+(the fields bench/train_bench.sh reads).
+
+usage: mpirun -np N python3 bench/python_ddp.py --data F.h5 --model linear|cnn --epochs E
+       --batch-size B --lr LR --optimizer sgd|adam [--seed S] [--threads T] [--port P]
+"""
+import argparse
+import json
+import os
+import time
+
+import h5py
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--model", default="linear", choices=["linear", "cnn"])
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--port", default="29531")
+    a = ap.parse_args()
+
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", 0)))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", a.port)
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+
+    with h5py.File(a.data, "r") as f:
+        x = torch.from_numpy(f["inputs"][...])
+        y = torch.from_numpy(f["targets"][...])
+        if x.dtype == torch.uint8:
+            x = x.float() * float(f["inputs"].attrs["scale"])
+    torch.manual_seed(a.seed)
+    if a.model == "cnn":  # PyTorch's MNIST example network, as `mpiddp train --model cnn`
+        model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Dropout(0.25), nn.Flatten(), nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(0.5),
+                              nn.Linear(128, 10))
+        loss_fn = F.cross_entropy
+    else:  # the seeds' Linear(20, 1), with MSE (the seed's cross-entropy over one column never learns)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(x.shape[1], y.shape[1]))
+        loss_fn = F.mse_loss
+    model = DDP(model)
+    opt = (torch.optim.Adam if a.optimizer == "adam" else torch.optim.SGD)(model.parameters(), lr=a.lr)
+    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=size, rank=rank, shuffle=True, seed=a.seed)
+    loader = DataLoader(TensorDataset(x, y), batch_size=a.batch_size, sampler=sampler, drop_last=True)
+
+    first_step = 0.0
+    for epoch in range(a.epochs):
+        sampler.set_epoch(epoch)
+        t0 = time.perf_counter()
+        steps = 0
+        for source, targets in loader:
+            opt.zero_grad()
+            loss = loss_fn(model(source), targets)
+            loss.backward()
+            opt.step()
+            steps += 1
+            if epoch == 0 and steps == 1:
+                first_step = time.time()
+        seconds = time.perf_counter() - t0
+        if rank == 0:
+            row = {"epoch": epoch + 1, "steps": steps, "seconds": seconds,
+                   "samples_per_s": steps * a.batch_size * size / seconds}
+            if epoch == 0:
+                row["first_step_unix_s"] = first_step
+            print(json.dumps(row), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

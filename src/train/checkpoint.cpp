@@ -1,0 +1,358 @@
+#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/error.hpp>
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <regex>
+#include <sstream>
+
+#include "common/check_hdf5.hpp"
+
+namespace mpiddp {
+namespace {
+
+namespace fs = std::filesystem;
+using detail::Hid;
+
+constexpr const char* kFormat = "mpiddp-snapshot";
+constexpr int64_t kFormatVersion = 1;
+constexpr const char* kChecksumAttr = "checksum_crc32";
+constexpr const char* kDtypeAttr = "dtype";
+
+struct DtypeInfo {
+  c10::ScalarType type;
+  const char* name;
+  hid_t file_type, mem_type;  // bf16/f16 travel as their 16-bit patterns, named by the dtype attribute
+};
+
+std::vector<DtypeInfo> dtypes() {
+  return {{torch::kFloat, "float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT},
+          {torch::kDouble, "float64", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE},
+          {torch::kBFloat16, "bfloat16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
+          {torch::kHalf, "float16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
+          {torch::kInt, "int32", H5T_STD_I32LE, H5T_NATIVE_INT32},
+          {torch::kLong, "int64", H5T_STD_I64LE, H5T_NATIVE_INT64},
+          {torch::kByte, "uint8", H5T_STD_U8LE, H5T_NATIVE_UINT8}};
+}
+
+const DtypeInfo& dtype_of(c10::ScalarType t) {
+  static const auto all = dtypes();
+  for (const auto& d : all) {
+    if (d.type == t) return d;
+  }
+  MPIDDP_THROW(std::string("snapshot: unsupported tensor dtype ") + c10::toString(t));
+}
+
+const DtypeInfo* dtype_named(const std::string& name) {
+  static const auto all = dtypes();
+  for (const auto& d : all) {
+    if (name == d.name) return &d;
+  }
+  return nullptr;
+}
+
+// CRC-32 over everything a snapshot holds, in the maps' (sorted) order, so writer and reader
+// agree without storing any order.
+uint32_t checksum(const Snapshot& s) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  auto add = [&](const void* data, size_t n) {
+    const auto* p = static_cast<const Bytef*>(data);
+    while (n > 0) {  // crc32 takes uInt lengths
+      const auto piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+      crc = crc32(crc, p, piece);
+      p += piece;
+      n -= piece;
+    }
+  };
+  auto add_text = [&](const std::string& t) { add(t.c_str(), t.size() + 1); };
+  for (const auto& [name, t] : s.tensors) {
+    add_text(name);
+    add_text(dtype_of(t.scalar_type()).name);
+    for (auto d : t.sizes()) add(&d, sizeof d);
+    auto c = t.contiguous();
+    add(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+  }
+  for (const auto& [name, v] : s.ints) add_text(name), add(&v, sizeof v);
+  for (const auto& [name, v] : s.reals) add_text(name), add(&v, sizeof v);
+  for (const auto& [name, v] : s.texts) add_text(name), add_text(v);
+  return static_cast<uint32_t>(crc);
+}
+
+void write_attr(hid_t obj, const std::string& name, hid_t type, const void* value) {
+  Hid space(MPIDDP_CHECK_HDF5(H5Screate(H5S_SCALAR)), H5Sclose);
+  Hid a(MPIDDP_CHECK_HDF5(H5Acreate2(obj, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+  MPIDDP_CHECK_HDF5(H5Awrite(a.get(), type, value));
+}
+
+void write_text_attr(hid_t obj, const std::string& name, const std::string& value) {
+  Hid type(MPIDDP_CHECK_HDF5(H5Tcopy(H5T_C_S1)), H5Tclose);
+  MPIDDP_CHECK_HDF5(H5Tset_size(type.get(), H5T_VARIABLE));
+  MPIDDP_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  const char* p = value.c_str();
+  write_attr(obj, name, type.get(), &p);
+}
+
+std::string read_text_attr(hid_t attr) {
+  Hid type(MPIDDP_CHECK_HDF5(H5Aget_type(attr)), H5Tclose);
+  if (H5Tis_variable_str(type.get()) > 0) {
+    char* p = nullptr;
+    MPIDDP_CHECK_HDF5(H5Aread(attr, type.get(), &p));
+    std::string v = p ? p : "";
+    H5free_memory(p);
+    return v;
+  }
+  std::string v(H5Tget_size(type.get()), '\0');
+  MPIDDP_CHECK_HDF5(H5Aread(attr, type.get(), v.data()));
+  return v.substr(0, v.find('\0'));
+}
+
+// HDF5 builds the file in memory (core driver, no backing store); the caller writes the bytes
+// itself, so a full disk or an I/O error is one errno and never leaves an HDF5 file half open.
+std::vector<char> file_image(const Snapshot& s) {
+  Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  MPIDDP_CHECK_HDF5(H5Pset_fapl_core(fapl.get(), 1 << 20, 0));
+  Hid f(MPIDDP_CHECK_HDF5(H5Fcreate("/dev/null/mpiddp-new-snapshot", H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get())), H5Fclose);
+  Hid lcpl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
+  MPIDDP_CHECK_HDF5(H5Pset_create_intermediate_group(lcpl.get(), 1));
+  for (const auto& [name, tensor] : s.tensors) {
+    const auto& dt = dtype_of(tensor.scalar_type());
+    auto c = tensor.detach().cpu().contiguous();
+    std::vector<hsize_t> dims(c.sizes().begin(), c.sizes().end());
+    Hid space(MPIDDP_CHECK_HDF5(dims.empty() ? H5Screate(H5S_SCALAR)
+                                             : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)),
+              H5Sclose);
+    Hid d(MPIDDP_CHECK_HDF5(H5Dcreate2(f.get(), name.c_str(), dt.file_type, space.get(), lcpl.get(), H5P_DEFAULT,
+                                       H5P_DEFAULT)),
+          H5Dclose);
+    if (c.numel() > 0) MPIDDP_CHECK_HDF5(H5Dwrite(d.get(), dt.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, c.data_ptr()));
+    write_text_attr(d.get(), kDtypeAttr, dt.name);
+  }
+  write_text_attr(f.get(), "format", kFormat);
+  write_attr(f.get(), "format_version", H5T_NATIVE_INT64, &kFormatVersion);
+  for (const auto& [name, v] : s.ints) write_attr(f.get(), name, H5T_NATIVE_INT64, &v);
+  for (const auto& [name, v] : s.reals) write_attr(f.get(), name, H5T_NATIVE_DOUBLE, &v);
+  for (const auto& [name, v] : s.texts) write_text_attr(f.get(), name, v);
+  const int64_t crc = checksum(s);
+  write_attr(f.get(), kChecksumAttr, H5T_NATIVE_INT64, &crc);
+  MPIDDP_CHECK_HDF5(H5Fflush(f.get(), H5F_SCOPE_GLOBAL));
+  const ssize_t size = MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), nullptr, 0));
+  std::vector<char> image(static_cast<size_t>(size));
+  MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), image.data(), image.size()));
+  return image;
+}
+
+// Writes all of `bytes` to a new file `path` and fsyncs it; throws with errno's text.
+void write_synced(const std::string& path, const std::vector<char>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MPIDDP_CHECK(fd >= 0, std::string(std::strerror(errno)));
+  size_t done = 0;
+  int err = 0;
+  while (done < bytes.size() && err == 0) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno != EINTR) err = errno;
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  MPIDDP_CHECK(err == 0, std::string(std::strerror(err)));
+}
+
+// Makes a rename in `path` durable.
+void fsync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MPIDDP_CHECK(fd >= 0, "cannot open '" + path + "' to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  MPIDDP_CHECK(rc == 0, "fsync of '" + path + "' failed: " + std::strerror(err));
+}
+
+// Reads every object of an open snapshot file into a Snapshot.
+Snapshot read_open(hid_t f, const std::string& name) {
+  Snapshot s;
+  auto fail = [&](const std::string& why) { MPIDDP_THROW("snapshot '" + name + "' " + why); };
+  if (H5Aexists(f, "format") <= 0) fail("is not an mpiddp snapshot (no format attribute)");
+  {
+    Hid a(MPIDDP_CHECK_HDF5(H5Aopen(f, "format", H5P_DEFAULT)), H5Aclose);
+    if (read_text_attr(a.get()) != kFormat) fail("is not an mpiddp snapshot");
+  }
+  if (H5Aexists(f, kChecksumAttr) <= 0) fail("has no checksum (incomplete or not an mpiddp snapshot)");
+  int64_t stored_crc = -1;
+  // Root attributes: by class.
+  H5O_info_t oinfo;
+  MPIDDP_CHECK_HDF5(H5Oget_info2(f, &oinfo, H5O_INFO_NUM_ATTRS));
+  for (hsize_t i = 0; i < oinfo.num_attrs; ++i) {
+    Hid a(MPIDDP_CHECK_HDF5(H5Aopen_by_idx(f, ".", H5_INDEX_NAME, H5_ITER_INC, i, H5P_DEFAULT, H5P_DEFAULT)),
+          H5Aclose);
+    const ssize_t len = MPIDDP_CHECK_HDF5(H5Aget_name(a.get(), 0, nullptr));
+    std::string an(static_cast<size_t>(len) + 1, '\0');
+    MPIDDP_CHECK_HDF5(H5Aget_name(a.get(), an.size(), an.data()));
+    an.resize(static_cast<size_t>(len));
+    Hid type(MPIDDP_CHECK_HDF5(H5Aget_type(a.get())), H5Tclose);
+    const auto cls = H5Tget_class(type.get());
+    if (an == "format" || an == "format_version") continue;
+    if (cls == H5T_INTEGER) {
+      int64_t v = 0;
+      MPIDDP_CHECK_HDF5(H5Aread(a.get(), H5T_NATIVE_INT64, &v));
+      if (an == kChecksumAttr) stored_crc = v;
+      else s.ints[an] = v;
+    } else if (cls == H5T_FLOAT) {
+      double v = 0;
+      MPIDDP_CHECK_HDF5(H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v));
+      s.reals[an] = v;
+    } else if (cls == H5T_STRING) {
+      s.texts[an] = read_text_attr(a.get());
+    }
+  }
+  // Datasets, at any depth.
+  struct Visit {
+    Snapshot* s;
+    std::string error;
+  } visit{&s, {}};
+  auto cb = [](hid_t root, const char* path, const H5O_info_t* info, void* data) -> herr_t {
+    auto* v = static_cast<Visit*>(data);
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    try {
+      Hid d(MPIDDP_CHECK_HDF5(H5Dopen2(root, path, H5P_DEFAULT)), H5Dclose);
+      if (H5Aexists(d.get(), kDtypeAttr) <= 0) {
+        v->error = std::string("dataset /") + path + " has no dtype attribute";
+        return 1;
+      }
+      Hid a(MPIDDP_CHECK_HDF5(H5Aopen(d.get(), kDtypeAttr, H5P_DEFAULT)), H5Aclose);
+      const auto dtname = read_text_attr(a.get());
+      const DtypeInfo* dt = dtype_named(dtname);
+      if (!dt) {
+        v->error = std::string("dataset /") + path + " has unknown dtype '" + dtname + "'";
+        return 1;
+      }
+      Hid space(MPIDDP_CHECK_HDF5(H5Dget_space(d.get())), H5Sclose);
+      const int nd = MPIDDP_CHECK_HDF5(H5Sget_simple_extent_ndims(space.get()));
+      std::vector<hsize_t> dims(static_cast<size_t>(nd));
+      if (nd > 0) MPIDDP_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
+      auto t = torch::empty(std::vector<int64_t>(dims.begin(), dims.end()), dt->type);
+      if (t.numel() > 0) MPIDDP_CHECK_HDF5(H5Dread(d.get(), dt->mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()));
+      v->s->tensors[path] = t;
+    } catch (const Error& e) {
+      v->error = std::string("dataset /") + path + ": " + e.message();
+      return 1;
+    }
+    return 0;
+  };
+  const herr_t rc = H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_INC, cb, &visit, H5O_INFO_BASIC);
+  if (!visit.error.empty()) fail("is damaged: " + visit.error);
+  if (rc < 0) fail("is damaged: " + detail::hdf5_error_text());
+  if (static_cast<int64_t>(checksum(s)) != stored_crc) {
+    fail("is corrupt: its checksum does not match its contents");
+  }
+  return s;
+}
+
+}  // namespace
+
+void write_snapshot(const std::string& path, const Snapshot& snapshot) {
+  detail::quiet_hdf5();
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string tmp = (dir / ("." + target.filename().string() + ".tmp")).string();
+  try {
+    write_synced(tmp, file_image(snapshot));
+    std::error_code ec;
+    fs::rename(tmp, target, ec);
+    MPIDDP_CHECK(!ec, "cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+    fsync_directory(dir.string());
+  } catch (const Error& e) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    MPIDDP_THROW("cannot write snapshot '" + path + "': " + e.message());
+  }
+}
+
+std::vector<char> read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MPIDDP_CHECK(in.good(), "cannot open '" + path + "': " + std::strerror(errno));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  MPIDDP_CHECK(!in.bad(), "cannot read '" + path + "'");
+  return bytes;
+}
+
+Snapshot read_snapshot_image(const std::vector<char>& image, const std::string& name) {
+  detail::quiet_hdf5();
+  MPIDDP_CHECK(!image.empty(), "snapshot '" + name + "' is empty");
+  Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  MPIDDP_CHECK_HDF5(H5Pset_fapl_core(fapl.get(), 1 << 20, 0));
+  MPIDDP_CHECK_HDF5(H5Pset_file_image(fapl.get(), const_cast<char*>(image.data()), image.size()));
+  // The core driver refuses a name that exists on disk when given an image: use one that cannot.
+  const std::string memory_name = "/dev/null/mpiddp-image/" + name;
+  const hid_t f = H5Fopen(memory_name.c_str(), H5F_ACC_RDONLY, fapl.get());
+  MPIDDP_CHECK(f >= 0, "snapshot '" + name + "' is not a readable HDF5 file (truncated or damaged: " +
+                           detail::hdf5_error_text() + ")");
+  Hid file(f, H5Fclose);
+  return read_open(file.get(), name);
+}
+
+Snapshot read_snapshot(const std::string& path) {
+  MPIDDP_CHECK(fs::exists(path), "snapshot '" + path + "' does not exist");
+  return read_snapshot_image(read_file_bytes(path), path);
+}
+
+SnapshotDir::SnapshotDir(std::string dir) : dir_(std::move(dir)) {}
+
+void SnapshotDir::ensure_writable() const {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  MPIDDP_CHECK(!ec && fs::is_directory(dir_), "snapshot directory '" + dir_ + "' cannot be created: " +
+                                                  (ec ? ec.message() : std::string("not a directory")));
+  const std::string probe = (fs::path(dir_) / ".mpiddp-write-test").string();
+  {
+    std::ofstream out(probe);
+    out << "probe\n";
+    out.flush();
+    MPIDDP_CHECK(out.good(), "snapshot directory '" + dir_ + "' is not writable: " + std::strerror(errno));
+  }
+  fs::remove(probe, ec);
+}
+
+std::string SnapshotDir::save(const Snapshot& snapshot, int64_t global_step, int keep) const {
+  std::ostringstream name;
+  name << "snapshot-step" << std::setw(10) << std::setfill('0') << global_step << ".h5";
+  const std::string path = (fs::path(dir_) / name.str()).string();
+  write_snapshot(path, snapshot);
+  // latest.h5 -> the new file, swapped in by rename so it never dangles half-made.
+  const fs::path link = fs::path(dir_) / "latest.h5", tmp_link = fs::path(dir_) / ".latest.h5.tmp";
+  std::error_code ec;
+  fs::remove(tmp_link, ec);
+  fs::create_symlink(name.str(), tmp_link, ec);
+  if (!ec) fs::rename(tmp_link, link, ec);
+  MPIDDP_CHECK(!ec, "cannot point '" + link.string() + "' at '" + name.str() + "': " + ec.message());
+  if (keep > 0) {
+    const auto all = list();
+    for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) fs::remove(all[i], ec);
+  }
+  return path;
+}
+
+std::vector<std::string> SnapshotDir::list() const {
+  static const std::regex pattern(R"(snapshot-step(\d+)\.h5)");
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, pattern)) found.emplace_back(std::stoll(m[1].str()), entry.path().string());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> paths;
+  for (auto& f : found) paths.push_back(std::move(f.second));
+  return paths;
+}
+
+}  // namespace mpiddp

@@ -1,0 +1,171 @@
+// Snapshot files: exact round trip of every dtype, atomic replacement, the directory's latest.h5
+// and keep-K rule, and refusal of truncated, bit-flipped and foreign files.
+#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/error.hpp>
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+using mpiddp::Snapshot;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char name[] = "/tmp/mpiddp-ckpt-XXXXXX";
+    path_ = mkdtemp(name);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& f) const { return (fs::path(path_) / f).string(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+Snapshot sample() {
+  torch::manual_seed(3);
+  Snapshot s;
+  s.tensors["model/0.weight"] = torch::randn({4, 3});
+  s.tensors["model/0.bias"] = torch::randn({4}, torch::kDouble);
+  s.tensors["model/half"] = torch::randn({5}).to(torch::kHalf);
+  s.tensors["model/bf16"] = torch::randn({2, 2}).to(torch::kBFloat16);
+  s.tensors["optimizer/0.weight/step"] = torch::tensor(int64_t{17});
+  s.tensors["optimizer/ints"] = torch::arange(6, torch::kInt).reshape({2, 3});
+  s.tensors["rng/rank0"] = torch::randint(0, 255, {64}, torch::kByte);
+  s.tensors["empty"] = torch::empty({0, 3});
+  s.ints = {{"epoch", 3}, {"global_step", 120}, {"big", int64_t{1} << 40}};
+  s.reals = {{"lr", 0.0123456789}, {"loss", -1.5e-300}};
+  s.texts = {{"model", "cnn"}, {"config", "{\"a\": [1, 2]}"}, {"multi", "line 1\nline 2"}};
+  return s;
+}
+
+void expect_same(const Snapshot& a, const Snapshot& b) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    ASSERT_TRUE(b.tensors.count(name)) << name;
+    const auto& u = b.tensors.at(name);
+    EXPECT_EQ(t.scalar_type(), u.scalar_type()) << name;
+    EXPECT_EQ(t.sizes(), u.sizes()) << name;
+    EXPECT_TRUE(torch::equal(t, u)) << name;  // bitwise: no tolerance
+  }
+  EXPECT_EQ(a.ints, b.ints);
+  EXPECT_EQ(a.reals, b.reals);
+  EXPECT_EQ(a.texts, b.texts);
+}
+
+// The file offset of a contiguous dataset's first byte.
+haddr_t data_offset(const std::string& path, const char* dataset) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, dataset, H5P_DEFAULT);
+  const haddr_t at = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  return at;
+}
+
+void flip_byte(const std::string& path, std::streamoff at) {
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(at);
+  char c = 0;
+  io.get(c);
+  io.seekp(at);
+  io.put(static_cast<char>(c ^ 0x10));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const mpiddp::Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Snapshot, RoundTripIsExact) {
+  TempDir dir;
+  const auto s = sample();
+  mpiddp::write_snapshot(dir / "a.h5", s);
+  expect_same(s, mpiddp::read_snapshot(dir / "a.h5"));
+  expect_same(s, mpiddp::read_snapshot_image(mpiddp::read_file_bytes(dir / "a.h5"), "a.h5"));
+  // Nothing else is left beside it.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+TEST(Snapshot, FailedWriteLeavesThePreviousFileIntact) {
+  TempDir dir;
+  auto s = sample();
+  mpiddp::write_snapshot(dir / "a.h5", s);
+  auto bad = s;
+  bad.tensors["model/strange"] = torch::zeros({2}, torch::kBool);  // unsupported dtype: fails mid-write
+  const auto why = error_of([&] { mpiddp::write_snapshot(dir / "a.h5", bad); });
+  EXPECT_NE(why.find("cannot write snapshot"), std::string::npos) << why;
+  expect_same(s, mpiddp::read_snapshot(dir / "a.h5"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);  // no temp file
+  const auto nodir = error_of([&] { mpiddp::write_snapshot(dir / "missing/a.h5", s); });
+  EXPECT_NE(nodir.find("cannot write snapshot"), std::string::npos) << nodir;
+}
+
+TEST(Snapshot, BitFlipInDataIsRefused) {
+  TempDir dir;
+  mpiddp::write_snapshot(dir / "a.h5", sample());
+  flip_byte(dir / "a.h5", static_cast<std::streamoff>(data_offset(dir / "a.h5", "model/0.weight")) + 5);
+  const auto why = error_of([&] { mpiddp::read_snapshot(dir / "a.h5"); });
+  EXPECT_NE(why.find("is corrupt: its checksum does not match"), std::string::npos) << why;
+}
+
+TEST(Snapshot, TruncatedFileIsRefused) {
+  TempDir dir;
+  mpiddp::write_snapshot(dir / "a.h5", sample());
+  fs::resize_file(dir / "a.h5", fs::file_size(dir / "a.h5") / 2);
+  const auto why = error_of([&] { mpiddp::read_snapshot(dir / "a.h5"); });
+  EXPECT_NE(why.find("a.h5"), std::string::npos) << why;
+  EXPECT_FALSE(why.empty());
+}
+
+TEST(Snapshot, ForeignFilesAreRefused) {
+  TempDir dir;
+  std::ofstream(dir / "text.h5") << "not hdf5 at all\n";
+  EXPECT_NE(error_of([&] { mpiddp::read_snapshot(dir / "text.h5"); }).find("not a readable HDF5 file"),
+            std::string::npos);
+  hid_t f = H5Fcreate((dir / "plain.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  H5Fclose(f);
+  EXPECT_NE(error_of([&] { mpiddp::read_snapshot(dir / "plain.h5"); }).find("not an mpiddp snapshot"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { mpiddp::read_snapshot(dir / "none.h5"); }).find("does not exist"), std::string::npos);
+}
+
+TEST(SnapshotDir, LatestNamesTheNewestAndKeepPrunes) {
+  TempDir dir;
+  mpiddp::SnapshotDir snaps(dir / "snaps");
+  snaps.ensure_writable();
+  auto s = sample();
+  std::string last;
+  for (int64_t step : {5, 10, 15, 20, 25}) {
+    s.ints["global_step"] = step;
+    last = snaps.save(s, step, 3);
+  }
+  const auto list = snaps.list();
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(fs::path(list[0]).filename(), "snapshot-step0000000025.h5");
+  EXPECT_EQ(fs::path(list[2]).filename(), "snapshot-step0000000015.h5");
+  EXPECT_EQ(last, list[0]);
+  EXPECT_TRUE(fs::is_symlink(dir / "snaps/latest.h5"));
+  EXPECT_EQ(fs::read_symlink(dir / "snaps/latest.h5"), "snapshot-step0000000025.h5");
+  EXPECT_EQ(mpiddp::read_snapshot(dir / "snaps/latest.h5").ints.at("global_step"), 25);
+}
+
+TEST(SnapshotDir, UnwritableDirectoryIsAClearError) {
+  TempDir dir;
+  std::ofstream(dir / "file") << "x";
+  const auto why = error_of([&] { mpiddp::SnapshotDir(dir / "file/sub").ensure_writable(); });
+  EXPECT_NE(why.find("snapshot directory '" + (dir / "file/sub") + "' cannot be created"), std::string::npos) << why;
+}
