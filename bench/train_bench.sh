@@ -36,7 +36,7 @@ PY
 run() {  # run WORKLOAD CONTENDER ROUND: one JSON line per epoch, tagged, into results.jsonl
   local workload=$1 who=$2 round=$3 data args np=2 threads=1 batch
   if [ "$workload" = toy ]; then
-    data=$out/toy.h5 batch=32 args=(--model linear --epochs 40 --lr 0.001 --optimizer sgd)
+    data=$out/toy.h5 batch=32 args=(--model linear --epochs 200 --lr 0.001 --optimizer sgd)
   else
     data=$out/cnn.h5 batch=64 args=(--model cnn --epochs 4 --lr 0.002 --optimizer adam)
   fi

@@ -555,9 +555,11 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   const int64_t total_steps =
       c.max_steps > 0 ? std::min(c.max_steps, c.epochs * steps_per_epoch_) : c.epochs * steps_per_epoch_;
   // Per step, every rank learns the largest pending stop signal and the highest rank (+1) whose
-  // loss was not finite: all ranks then take the same branch at the same step.
+  // loss was not finite: all ranks then take the same branch at the same step. This all-reduce is
+  // issued before backward's buckets (the same order on every rank) and completes behind them.
   auto flags = torch::zeros({2}, torch::kLong);
-  auto flags_dev = flags.to(device_);
+  auto* flag = flags.data_ptr<int64_t>();
+  auto flags_dev = device_.is_cpu() ? flags : flags.to(device_);
   double first_step_unix_s = 0;
   model_->train();
   for (; p.epoch < c.epochs && p.global_step < total_steps; ++p.epoch, p.step_in_epoch = 0, p.loss_sum = 0,
@@ -578,14 +580,15 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       auto out = model_->forward(e.inputs.to(device_));
       auto y = e.targets.to(device_);
       auto loss = classes ? torch::nn::functional::cross_entropy(out, y) : torch::mse_loss(out, y);
-      ddp.backward(loss);
       const double loss_value = loss.item<double>();
-      flags[0] = static_cast<int64_t>(g_stop_signal);
-      flags[1] = std::isfinite(loss_value) ? 0 : runtime_.rank() + 1;
-      flags_dev.copy_(flags);
-      pg->allreduce(flags_dev, ReduceOp::kMax);
-      flags.copy_(flags_dev);
-      const auto stop = flags[0].item<int64_t>(), bad_rank = flags[1].item<int64_t>() - 1;
+      flag[0] = static_cast<int64_t>(g_stop_signal);
+      flag[1] = std::isfinite(loss_value) ? 0 : runtime_.rank() + 1;
+      if (!device_.is_cpu()) flags_dev.copy_(flags);
+      auto agreed = pg->allreduce_async(flags_dev, flags_dev, ReduceOp::kMax);
+      ddp.backward(loss);
+      agreed->wait();
+      if (!device_.is_cpu()) flags.copy_(flags_dev);
+      const int64_t stop = flag[0], bad_rank = flag[1] - 1;
       if (bad_rank >= 0) {
         const std::string where = "global step " + std::to_string(p.global_step) + " (epoch " +
                                   std::to_string(p.epoch) + ", step " + std::to_string(s) + ")";

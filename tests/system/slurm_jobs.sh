@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The batch scripts on a real two-node Slurm cluster started on this machine (slurm_cluster.sh:
+# munged, slurmctld, two slurmd in their own network and UTS namespaces; MPI between the nodes
+# over TCP). Checks: batch/batch.sh (`sbatch -N 2`): distinct hostnames per node, LOCAL_RANK /
+# GROUP_RANK / WORLD_SIZE, the sanity check OK, training; a cross-node all-reduce checked by
+# `mpiddp bench -c 1` (batch/bench.sh); batch/cpu.sh on 2 nodes gives the parameters of the same
+# world size on one node; batch/srun.sh (srun --mpi=pmix); batch/preempt.sh stopped by SIGUSR1,
+# requeued, resumed from its snapshot. Skips (exit 77, with the reason) where no cluster can be had.
+# usage: slurm_jobs.sh path/to/mpiddp path/to/make_bad_datasets SOURCE_DIR
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/slurm_cluster.sh"
+mpiddp=$1 make_bad=$2 src=$3
+reason=$(slurm_cluster_skip_reason)
+if [ -n "$reason" ]; then
+  echo "SKIP - slurm cluster: $reason"
+  exit 77
+fi
+tmp=$(mktemp -d /tmp/mpiddp-slurm-XXXXXX)
+chmod 755 "$tmp"
+cleanup() {
+  slurm_cluster_stop
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+if ! slurm_cluster_start "$tmp/cluster" 2; then
+  echo "FAIL - the slurm cluster did not start"
+  tail -n 30 "$tmp"/cluster/log/*.log
+  exit 1
+fi
+check "cluster: two idle nodes" [ "$(sinfo -h -N -t idle -o %N | sort -u | tr '\n' ' ')" = "node1 node2 " ]
+
+# What every job gets (sbatch exports the environment): mpiddp on PATH without modules, Open MPI's
+# consent to run as root, and the namespaces' network for MPI between the nodes.
+export PATH="$(dirname "$mpiddp"):$PATH" MPIDDP_MODULES=""
+export OMPI_MCA_btl_tcp_if_include=$SLURM_TEST_NET.0/24 OMPI_MCA_oob_tcp_if_include=$SLURM_TEST_NET.0/24
+export OMPI_MCA_rmaps_base_oversubscribe=1
+data=$tmp/data
+mkdir -p "$data"
+"$make_bad" "$tmp" >/dev/null
+have_fm=0
+if [ -f "$tmp/fm-small.h5" ]; then
+  cp "$tmp/fm-small.h5" "$data/fashion-mnist-train.h5"
+  cp "$tmp/fm-small.h5" "$data/fashion-mnist-test.h5"
+  have_fm=1
+fi
+"$mpiddp" data synthetic --samples 2048 --features 20 --seed 0 --out "$data/synthetic.h5" >/dev/null
+cd "$tmp" || exit 1
+job_log() { cat "$tmp/$job.log" 2>/dev/null; }
+
+# ---- batch.sh: the SuperCloud job on 2 nodes x 2 ranks, on CPUs ---------------------------------
+if [ $have_fm = 1 ]; then
+  MPIDDP_DEVICE=cpu MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-batch MPIDDP_EPOCHS=2 \
+    slurm_submit_wait "$src/batch/batch.sh" -N 2 --gres=none
+  out=$(job_log)
+  check "batch.sh: job completed" [ "$rc" -eq 0 ]
+  check "batch.sh: one line per rank, hostnames per node" bash -c '
+    for want in "node1: 0 of 4" "node1: 1 of 4" "node2: 2 of 4" "node2: 3 of 4"; do grep -q "$want\$" <<<"$1" || exit 1; done' _ "$out"
+  check "batch.sh: LOCAL_RANK 0 1 0 1" [ "$(grep -o "node[12] LOCAL_RANK : [0-9]" <<<"$out" | tr '\n' ' ')" = "node1 LOCAL_RANK : 0 node1 LOCAL_RANK : 1 node2 LOCAL_RANK : 0 node2 LOCAL_RANK : 1 " ]
+  check "batch.sh: GROUP_RANK 0 0 1 1" [ "$(grep -o "node[12] GROUP_RANK : [0-9]" <<<"$out" | tr '\n' ' ')" = "node1 GROUP_RANK : 0 node1 GROUP_RANK : 0 node2 GROUP_RANK : 1 node2 GROUP_RANK : 1 " ]
+  check "batch.sh: WORLD_SIZE 4 on every rank" [ "$(grep -c "node[12] WORLD_SIZE : 4$" <<<"$out")" -eq 4 ]
+  check "batch.sh: 2 nodes in the info header" contains "info: 4 ranks on 2 nodes" "$out"
+  check "batch.sh: sanity check OK" contains "OK$" "$out"
+  check "batch.sh: trained 2 epochs and evaluated" contains "epoch 2: train loss [0-9.]*, test loss [0-9.]*, test accuracy" "$out"
+  check "batch.sh: snapshot written" [ -f "$tmp/run-batch/snapshots/latest.h5" ]
+else
+  echo "SKIP - batch.sh: Fashion-MNIST (dataset-fashion-mnist) is missing"
+fi
+
+# ---- a cross-node all-reduce checked element by element -----------------------------------------
+MPIDDP_BACKEND=mpi MPIDDP_BENCH_ARGS="-b 8 -e 1M -f 32 -w 1 -n 3" slurm_submit_wait "$src/batch/bench.sh" -N 2 --gres=none
+check "bench.sh: job completed" [ "$rc" -eq 0 ]
+check "bench.sh: every collective across the nodes, no wrong element" "$DEBIAN_PYTHON" - "$tmp/mpiddp-bench-$job" <<'PY'
+import json, sys, os
+for c in ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast"):
+    d = json.load(open(os.path.join(sys.argv[1], c + ".json")))
+    rows = d["results"]
+    assert d["world_size"] == 4 and d["node_count"] == 2 and rows, c
+    assert d["wrong"] == 0 and d["result"] == "OK", c
+    assert all(r[k]["wrong"] == 0 for r in rows for k in ("out_of_place", "in_place")), c
+PY
+
+# ---- cpu.sh on 2 nodes = the same world size on one node ----------------------------------------
+MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-cpu MPIDDP_EPOCHS=5 slurm_submit_wait "$src/batch/cpu.sh" -N 2
+out=$(job_log)
+check "cpu.sh: job completed" [ "$rc" -eq 0 ]
+check "cpu.sh: the seeds' line from ranks on both nodes" [ "$(grep -c "Epoch 4 | Batchsize: 32 | Steps: 16" <<<"$out")" -eq 4 ]
+run_np 4 "$mpiddp" train --model linear --data "$data/synthetic.h5" --device cpu --backend mpi --epochs 5 \
+  --batch-size 32 --optimizer sgd --lr 0.001 --snapshot-dir "$tmp/one-node" --save-every 10
+check "cpu.sh: same parameters as 4 ranks on one node" h5diff -q "$tmp/run-cpu/snapshots/latest.h5" "$tmp/one-node/latest.h5" /model /model
+
+# ---- srun.sh: direct launch through PMIx ----------------------------------------------------------
+if srun --mpi=list 2>&1 | grep -q pmix; then
+  MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-srun MPIDDP_EPOCHS=3 slurm_submit_wait "$src/batch/srun.sh" -N 2
+  out=$(job_log)
+  check "srun.sh: job completed" [ "$rc" -eq 0 ]
+  check "srun.sh: four ranks on two nodes" contains "info: 4 ranks on 2 nodes" "$out"
+  check "srun.sh: trained" [ "$(grep -c "Epoch 2 | Batchsize: 32 | Steps: 16" <<<"$out")" -eq 4 ]
+else
+  echo "SKIP - srun.sh: this Slurm has no pmix plugin (srun --mpi=list)"
+fi
+
+# ---- preempt.sh: SIGUSR1 -> snapshot -> requeue -> resume -----------------------------------------
+job=$(MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-pre MPIDDP_EPOCHS=300 sbatch --parsable -N 2 "$src/batch/preempt.sh")
+job=${job%%;*}
+for _ in $(seq 1 600); do [ -f "$tmp/run-pre/snapshots/latest.h5" ] && break; sleep 0.1; done
+scancel --signal=USR1 "$job"
+final=""
+for _ in $(seq 1 900); do
+  state=$(scontrol show job "$job" 2>/dev/null | grep -o "JobState=[A-Z_]*")
+  restarts=$(scontrol show job "$job" 2>/dev/null | grep -o "Restarts=[0-9]*")
+  if [ "$restarts" != "Restarts=0" ] && [ "$state" = "JobState=PENDING" ]; then
+    scontrol update jobid="$job" StartTime=now >/dev/null 2>&1  # requeued jobs wait a while by default
+  fi
+  case $state in JobState=COMPLETED|JobState=FAILED|JobState=CANCELLED|JobState=TIMEOUT) [ "$restarts" != "Restarts=0" ] && { final=$state; break; } ;; esac
+  sleep 0.2
+done
+out=$(job_log)
+check "preempt.sh: the signal stopped training at a snapshot" contains "^stopped by SIGUSR1 at global step [0-9]*" "$out"
+check "preempt.sh: the job requeued itself" contains "requeueing job $job" "$out"
+check "preempt.sh: the requeued job resumed from the snapshot" contains "^Resuming training from snapshot at Epoch [0-9]" "$out"
+check "preempt.sh: ... and completed" [ "$final" = "JobState=COMPLETED" ]
+check "preempt.sh: ... all 300 epochs" contains "^epoch 300: " "$out"
+finish
