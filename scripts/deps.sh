@@ -15,7 +15,6 @@ packages=(
   dataset-fashion-mnist                 # the bundled default data
   nlohmann-json3-dev                    # JSON output (info --json, bench --json, timelines)
   libgtest-dev                          # tests
-  python3-h5py                          # tests: snapshots must read with h5py
 )
 packages+=("$@")  # callers may ask for more (e.g. the benchmarks' python3-torch)
 

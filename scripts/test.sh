@@ -4,7 +4,11 @@
 # MPI tests again. Exit status non-zero on any failure. usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+# The suite also needs: a Slurm cluster (slurm-wlm, munge, iproute2), both module systems
+# (environment-modules; Lmod's dependencies, Lmod itself unpacked by scripts/lmod.sh), h5py.
+bash scripts/deps.sh slurm-wlm munge iproute2 environment-modules lua5.3 lua-posix lua-filesystem lua-json \
+  lua-term tcl python3-h5py
+bash scripts/lmod.sh build/lmod
 jobs=$(nproc)
 
 echo "== build (RelWithDebInfo, warnings as errors)"

@@ -8,10 +8,13 @@
 # usage: modules.sh SOURCE_DIR BUILD_DIR
 source "$(dirname "$0")/lib.sh"
 src=$1 build=$2
-declare -A init=([tcl]=/usr/share/modules/init/bash [lmod]=/usr/share/lmod/lmod/init/bash)
+# Lmod: installed, or unpacked into the build by scripts/lmod.sh (it conflicts with Environment Modules).
+lmod_init=/usr/share/lmod/lmod/init/bash
+[ -f "$lmod_init" ] || lmod_init=$build/lmod/usr/share/lmod/lmod/init/bash
+declare -A init=([tcl]=/usr/share/modules/init/bash [lmod]=$lmod_init)
 available=()
 for flavour in tcl lmod; do
-  if [ -f "${init[$flavour]}" ]; then available+=("$flavour"); else echo "SKIP - $flavour: ${init[$flavour]} is missing (Debian: environment-modules, lmod)"; fi
+  if [ -f "${init[$flavour]}" ]; then available+=("$flavour"); else echo "SKIP - $flavour: ${init[$flavour]} is missing (Debian: environment-modules; Lmod: scripts/lmod.sh)"; fi
 done
 [ ${#available[@]} -gt 0 ] || exit 77
 tmp=$(mktemp -d)

@@ -29,6 +29,7 @@ slurm_cluster_start() {
   local dir=$1 nodes=${2:-2} i
   _slurm_dir=$dir _slurm_nodes=$nodes _slurm_tag=mpd$$
   mkdir -p "$dir"/{state,log,spool,munge}
+  for i in $(seq 1 "$nodes"); do mkdir -p "$dir/spool/node$i"; done
   local br=${_slurm_tag}br ctl_addr=$SLURM_TEST_NET.1
   ip link add "$br" type bridge || return 1
   ip addr add "$ctl_addr/24" dev "$br" && ip link set "$br" up || return 1
@@ -45,7 +46,7 @@ slurm_cluster_start() {
   # munge: its own key, socket and state, so the machine's munged (if any) is left alone.
   dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
   chmod 0400 "$dir/munge/munge.key"
-  chmod 0700 "$dir/munge"
+  chmod 0755 "$dir/munge"  # clients reach the socket through it
   munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.sock" \
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed" || return 1
 
@@ -95,9 +96,15 @@ EOF
 
   slurmctld -i -f "$dir/slurm.conf" || return 1
   for i in $(seq 1 "$nodes"); do
-    # Its own hostname (UTS) and network; everything else (files, /dev/shm) shared.
-    ip netns exec "${_slurm_tag}n$i" unshare --uts sh -c "hostname node$i && exec slurmd -f '$dir/slurm.conf' -N node$i" \
-      || return 1
+    # Its own hostname (UTS) and network; everything else (files, /dev/shm, /sys/fs/cgroup) shared:
+    # nsenter, unlike `ip netns exec`, keeps the mount namespace as it is.
+    # Each slurmd reads its own copy of slurm.conf so that its mpi.conf can give PMIx a directory
+    # of its own (the nodes share /tmp, where PMIx would otherwise make the same one twice).
+    mkdir -p "$dir/etc/node$i" "$dir/pmix/node$i"
+    cp "$dir/slurm.conf" "$dir/etc/node$i/slurm.conf"
+    echo "PMIxCliTmpDirBase=$dir/pmix/node$i" >"$dir/etc/node$i/mpi.conf"
+    nsenter --net="/run/netns/${_slurm_tag}n$i" unshare --uts \
+      sh -c "hostname node$i && exec slurmd -f '$dir/etc/node$i/slurm.conf' -N node$i" || return 1
   done
   # Ready when every node is idle.
   for i in $(seq 1 120); do

@@ -31,9 +31,12 @@ if ! slurm_cluster_start "$tmp/cluster" 2; then
 fi
 check "cluster: two idle nodes" [ "$(sinfo -h -N -t idle -o %N | sort -u | tr '\n' ' ')" = "node1 node2 " ]
 
-# What every job gets (sbatch exports the environment): mpiddp on PATH without modules, Open MPI's
+# What every job gets (sbatch exports the environment): a module "mpiddp" for this build (the
+# scripts `source /etc/profile`, which resets PATH, then `module load $MPIDDP_MODULES`), Open MPI's
 # consent to run as root, and the namespaces' network for MPI between the nodes.
-export PATH="$(dirname "$mpiddp"):$PATH" MPIDDP_MODULES=""
+mkdir -p "$tmp/modules/mpiddp"
+printf '#%%Module1.0\nprepend-path PATH %s\n' "$(cd "$(dirname "$mpiddp")" && pwd)" >"$tmp/modules/mpiddp/build"
+export MODULEPATH=$tmp/modules MPIDDP_MODULES=mpiddp
 export OMPI_MCA_btl_tcp_if_include=$SLURM_TEST_NET.0/24 OMPI_MCA_oob_tcp_if_include=$SLURM_TEST_NET.0/24
 export OMPI_MCA_rmaps_base_oversubscribe=1
 data=$tmp/data
