@@ -7,9 +7,11 @@
 //   file attributes: "task" ("classification" | "regression"), "num_classes" (classification),
 //                    "source" (free text: where the data came from)
 // Ranks read only the rows their batches need, by hyperslab selection, so memory stays bounded
-// by the batch, whatever the file's size.
+// by the batch, whatever the file's size. With a parallel HDF5, open_parallel() switches the file
+// to the MPI-IO driver and read_collective() lets MPI-IO aggregate the ranks' reads of a step.
 #pragma once
 
+#include <mpi.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -59,9 +61,20 @@ class H5Dataset {
   /// most `max_bytes`; later reads index memory instead of the file. Returns whether it did.
   bool cache(int64_t max_bytes);
   bool cached() const;
+  /// Reopens the file through MPI-IO on `comm` (collective: every rank of `comm` calls it), when
+  /// HDF5 is the parallel build and the dataset is not cached. Returns whether it did (the same on
+  /// every rank); throws mpiddp::Error on every rank if any rank could not reopen the file.
+  bool open_parallel(MPI_Comm comm);
+  bool parallel() const;
+  /// read() as one collective MPI-IO read: every rank of open_parallel()'s communicator calls it
+  /// the same number of times, each with its own rows. Without open_parallel(), plain read().
+  Example read_collective(const std::vector<int64_t>& indices) const;
 
  private:
   struct Handles;
+  Example read_rows(const std::vector<int64_t>& indices, bool collective) const;
+  void open_datasets();
+
   DatasetInfo info_;
   std::unique_ptr<Handles> h_;
 };

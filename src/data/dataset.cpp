@@ -1,4 +1,5 @@
 #include <mpiddp/data.hpp>
+#include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -42,13 +43,14 @@ Kind kind_of(hid_t dataset) {
 
 struct H5Dataset::Handles {
   Hid file, inputs, targets;
+  Hid collective;  // dataset transfer list for collective MPI-IO reads (after open_parallel)
   std::vector<hsize_t> in_dims, tg_dims;
   torch::Tensor mem_inputs, mem_targets;  // the whole dataset, once cache() loaded it
 
   // Reads the (sorted, distinct) rows into a tensor of `dtype`, one hyperslab per run of
   // consecutive rows, in one H5Dread.
   torch::Tensor rows(hid_t dataset, const std::vector<hsize_t>& dims, const std::vector<int64_t>& sorted,
-                     c10::ScalarType dtype, hid_t mem_type) const {
+                     c10::ScalarType dtype, hid_t mem_type, hid_t xfer = H5P_DEFAULT) const {
     Hid space(MPIDDP_CHECK_HDF5(H5Dget_space(dataset)), H5Sclose);
     MPIDDP_CHECK_HDF5(H5Sselect_none(space.get()));
     std::vector<hsize_t> start(dims.size(), 0), count(dims);
@@ -66,7 +68,7 @@ struct H5Dataset::Handles {
     std::vector<hsize_t> mdims(dims);
     mdims[0] = static_cast<hsize_t>(sorted.size());
     Hid mspace(MPIDDP_CHECK_HDF5(H5Screate_simple(static_cast<int>(mdims.size()), mdims.data(), nullptr)), H5Sclose);
-    MPIDDP_CHECK_HDF5(H5Dread(dataset, mem_type, mspace.get(), space.get(), H5P_DEFAULT, out.data_ptr()));
+    MPIDDP_CHECK_HDF5(H5Dread(dataset, mem_type, mspace.get(), space.get(), xfer, out.data_ptr()));
     return out;
   }
 };
@@ -81,8 +83,7 @@ H5Dataset::H5Dataset(const std::string& path) : h_(std::make_unique<Handles>()) 
   for (const char* name : {"inputs", "targets"}) {
     MPIDDP_CHECK(H5Lexists(f, name, H5P_DEFAULT) > 0, "'" + path + "' has no dataset /" + name);
   }
-  h_->inputs = Hid(MPIDDP_CHECK_HDF5(H5Dopen2(f, "inputs", H5P_DEFAULT)), H5Dclose);
-  h_->targets = Hid(MPIDDP_CHECK_HDF5(H5Dopen2(f, "targets", H5P_DEFAULT)), H5Dclose);
+  open_datasets();
   {
     Hid s(MPIDDP_CHECK_HDF5(H5Dget_space(h_->inputs.get())), H5Sclose);
     h_->in_dims = dims_of(s.get());
@@ -120,8 +121,54 @@ H5Dataset::H5Dataset(const std::string& path) : h_(std::make_unique<Handles>()) 
 
 H5Dataset::~H5Dataset() = default;
 
-Example H5Dataset::read(const std::vector<int64_t>& indices) const {
+void H5Dataset::open_datasets() {
+  h_->inputs = Hid(MPIDDP_CHECK_HDF5(H5Dopen2(h_->file.get(), "inputs", H5P_DEFAULT)), H5Dclose);
+  h_->targets = Hid(MPIDDP_CHECK_HDF5(H5Dopen2(h_->file.get(), "targets", H5P_DEFAULT)), H5Dclose);
+}
+
+bool H5Dataset::parallel() const { return h_->collective.get() >= 0; }
+
+bool H5Dataset::open_parallel(MPI_Comm comm) {
+#if MPIDDP_HDF5_PARALLEL
+  if (cached() || parallel()) return parallel();
+  // The file is closed first: HDF5 would share the open (POSIX) file rather than reopen it.
+  h_->inputs = Hid();
+  h_->targets = Hid();
+  h_->file = Hid();
+  std::string error;
+  try {
+    Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+    MPIDDP_CHECK_HDF5(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL));
+    const hid_t f = H5Fopen(info_.path.c_str(), H5F_ACC_RDONLY, fapl.get());  // collective
+    MPIDDP_CHECK(f >= 0, "cannot reopen '" + info_.path + "' through MPI-IO (" + detail::hdf5_error_text() + ")");
+    h_->file = Hid(f, H5Fclose);
+    open_datasets();
+    h_->collective = Hid(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
+    MPIDDP_CHECK_HDF5(H5Pset_dxpl_mpio(h_->collective.get(), H5FD_MPIO_COLLECTIVE));
+  } catch (const Error& e) {
+    error = e.message();
+  }
+  int ok = error.empty() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  if (ok != 1) {  // every rank knows: all stop alike
+    MPIDDP_THROW_AGREED(error.empty() ? "another rank could not reopen '" + info_.path + "' through MPI-IO" : error);
+  }
+  return true;
+#else
+  (void)comm;
+  return false;
+#endif
+}
+
+Example H5Dataset::read(const std::vector<int64_t>& indices) const { return read_rows(indices, false); }
+
+Example H5Dataset::read_collective(const std::vector<int64_t>& indices) const {
+  return read_rows(indices, parallel());
+}
+
+Example H5Dataset::read_rows(const std::vector<int64_t>& indices, bool collective) const {
   MPIDDP_CHECK(!indices.empty(), "read of no samples");
+  const hid_t xfer = collective ? h_->collective.get() : H5P_DEFAULT;
   if (cached()) {
     const auto [lo, hi] = std::minmax_element(indices.begin(), indices.end());
     MPIDDP_CHECK(*lo >= 0 && *hi < info_.samples, "sample index out of range [0, " + std::to_string(info_.samples) + ")");
@@ -143,16 +190,17 @@ Example H5Dataset::read(const std::vector<int64_t>& indices) const {
   auto order = torch::tensor(where, torch::kLong);
   Example e;
   if (info_.uint8_inputs) {
-    e.inputs = h_->rows(h_->inputs.get(), h_->in_dims, sorted, torch::kUInt8, H5T_NATIVE_UINT8)
+    e.inputs = h_->rows(h_->inputs.get(), h_->in_dims, sorted, torch::kUInt8, H5T_NATIVE_UINT8, xfer)
                    .index_select(0, order)
                    .to(torch::kFloat)
                    .mul_(info_.scale);
   } else {
-    e.inputs = h_->rows(h_->inputs.get(), h_->in_dims, sorted, torch::kFloat, H5T_NATIVE_FLOAT).index_select(0, order);
+    e.inputs = h_->rows(h_->inputs.get(), h_->in_dims, sorted, torch::kFloat, H5T_NATIVE_FLOAT, xfer)
+                   .index_select(0, order);
   }
   e.targets = info_.classification
-                  ? h_->rows(h_->targets.get(), h_->tg_dims, sorted, torch::kLong, H5T_NATIVE_INT64)
-                  : h_->rows(h_->targets.get(), h_->tg_dims, sorted, torch::kFloat, H5T_NATIVE_FLOAT);
+                  ? h_->rows(h_->targets.get(), h_->tg_dims, sorted, torch::kLong, H5T_NATIVE_INT64, xfer)
+                  : h_->rows(h_->targets.get(), h_->tg_dims, sorted, torch::kFloat, H5T_NATIVE_FLOAT, xfer);
   e.targets = e.targets.index_select(0, order);
   return e;
 }

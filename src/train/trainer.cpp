@@ -530,6 +530,13 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   model_ = make_model(c.model, train_->info());
   model_->to(device_);
   auto pg = make_process_group(c.backend, runtime_);
+  // A training set too large to cache is read batch by batch; with a parallel HDF5 each step's
+  // reads become one collective MPI-IO read (every rank takes the same number of steps).
+  if (train_->open_parallel(runtime_.world())) {
+    note("data: '" + c.data + "' is larger than --cache-mb: read per batch, one collective MPI-IO read per step");
+  } else if (!train_->cached()) {
+    note("data: '" + c.data + "' is larger than --cache-mb: read per batch");
+  }
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (c.optimizer == "sgd") {
     opt = std::make_unique<torch::optim::SGD>(model_->parameters(),
@@ -573,7 +580,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     while (p.step_in_epoch < steps_per_epoch_ && p.global_step < total_steps) {
       const int64_t s = p.step_in_epoch;
       std::vector<int64_t> batch(indices.begin() + s * c.batch_size, indices.begin() + (s + 1) * c.batch_size);
-      auto e = train_->read(batch);
+      auto e = train_->read_collective(batch);
       p.lr = lr_at(p.global_step, p.epoch, total_steps);
       for (auto& group : opt->param_groups()) group.options().set_lr(p.lr);
       ddp.prepare_forward();

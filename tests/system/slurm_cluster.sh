@@ -25,10 +25,33 @@ slurm_cluster_skip_reason() {
   unshare --uts true 2>/dev/null || { echo "cannot create UTS namespaces here (unshare --uts failed)"; return; }
 }
 
+# Leftovers of a run that was killed before its cleanup (its daemons hold the ports): namespaces
+# and links are named mpd<pid of the test>..., daemons run from /tmp/mpiddp-slurm-*.
+_slurm_reap_stale() {
+  local ns pid
+  for ns in $(ip netns list 2>/dev/null | grep -o '^mpd[0-9]*n[0-9]*'); do
+    pid=${ns#mpd}
+    pid=${pid%%n*}
+    kill -0 "$pid" 2>/dev/null && continue
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+    ip netns delete "$ns" 2>/dev/null
+    ip link delete "mpd${pid}br" 2>/dev/null
+  done
+  for pid in $(pgrep -f -- "$_slurm_reap_pattern"); do
+    local cluster owner
+    cluster=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -o -- "$_slurm_reap_pattern" | head -n 1)
+    owner=$(cat "$cluster/owner.pid" 2>/dev/null)
+    { [ -z "$owner" ] || ! kill -0 "$owner" 2>/dev/null; } && kill -9 "$pid" 2>/dev/null
+  done
+}
+_slurm_reap_pattern='/tmp/mpiddp-slurm-[A-Za-z0-9]*/cluster'
+
 slurm_cluster_start() {
   local dir=$1 nodes=${2:-2} i
+  _slurm_reap_stale
   _slurm_dir=$dir _slurm_nodes=$nodes _slurm_tag=mpd$$
   mkdir -p "$dir"/{state,log,spool,munge}
+  echo $$ >"$dir/owner.pid"
   for i in $(seq 1 "$nodes"); do mkdir -p "$dir/spool/node$i"; done
   local br=${_slurm_tag}br ctl_addr=$SLURM_TEST_NET.1
   ip link add "$br" type bridge || return 1

@@ -26,6 +26,19 @@ assert losses[-1] < 0.1, losses  # targets are uniform in [0, 1): the best const
 PY
 done
 
+# Reading every batch from the file (through MPI-IO where HDF5 is parallel) trains exactly as the
+# in-memory copy does.
+for n in 1 2 3; do
+  run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/mem$n"
+  run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/file$n" \
+    --cache-mb 0
+  check "np$n --cache-mb 0: batches read from the file" contains "^data: '$tmp/syn.h5' is larger than --cache-mb: read per batch" "$out"
+  check "np$n --cache-mb 0: same final parameters as from memory (bitwise)" \
+    h5diff -q "$tmp/mem$n/latest.h5" "$tmp/file$n/latest.h5" /model /model
+done
+grep -q "HDF5 *: .*(parallel)" <<<"$("$mpiddp" info)" &&
+  check "parallel HDF5: the reads are collective MPI-IO" contains "one collective MPI-IO read per step" "$out"
+
 src=/usr/share/datasets/fashion-mnist
 if [ -f "$src/train-images-idx3-ubyte.gz" ]; then
   "$mpiddp" data fashion-mnist --out "$tmp/fm.h5" >/dev/null

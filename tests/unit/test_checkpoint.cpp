@@ -4,6 +4,7 @@
 #include <mpiddp/error.hpp>
 
 #include <gtest/gtest.h>
+#include "error_of.hpp"
 #include <hdf5.h>
 #include <torch/torch.h>
 
@@ -12,6 +13,8 @@
 
 namespace fs = std::filesystem;
 using mpiddp::Snapshot;
+
+using mpiddp::testing::error_of;
 
 namespace {
 
@@ -79,14 +82,6 @@ void flip_byte(const std::string& path, std::streamoff at) {
   io.put(static_cast<char>(c ^ 0x10));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mpiddp::Error& e) {
-    return e.message();
-  }
-  return "";
-}
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <mpiddp/error.hpp>
 
 #include <gtest/gtest.h>
+#include "error_of.hpp"
 #include <hdf5.h>
 #include <torch/torch.h>
 #include <zlib.h>
@@ -13,18 +14,12 @@
 using mpiddp::DistributedSampler;
 using mpiddp::H5Dataset;
 
+using mpiddp::testing::error_of;
+
 namespace {
 
 std::string tmp(const std::string& name) { return ::testing::TempDir() + "mpiddp_test_" + name; }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mpiddp::Error& e) {
-    return e.message();
-  }
-  return "";
-}
 
 // A file with /inputs of `n_in` rows and /targets of `n_tg` rows, written with HDF5 directly
 // (write_dataset refuses such files).
