@@ -17,7 +17,6 @@
 #include <sstream>
 #include <fstream>
 #include <thread>
-#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -640,8 +639,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     m.global_step = p.global_step;
     m.lr = p.lr;
     m.skipped_steps = p.skipped - skipped_before;
-    m.first_step_unix_s = std::exchange(first_step_unix_s, -1.0);
-    if (m.first_step_unix_s < 0) m.first_step_unix_s = 0;
+    if (result.epochs.empty()) m.first_step_unix_s = first_step_unix_s;  // this run's first epoch
     m.seconds = p.seconds;
     auto mean_loss =
         torch::tensor({taken > 0 ? p.loss_sum / static_cast<double>(taken) : 0.0}, torch::kDouble).to(device_);

@@ -116,10 +116,16 @@ for _ in $(seq 1 900); do
   if [ "$restarts" != "Restarts=0" ] && [ "$state" = "JobState=PENDING" ]; then
     scontrol update jobid="$job" StartTime=now >/dev/null 2>&1  # requeued jobs wait a while by default
   fi
-  case $state in JobState=COMPLETED|JobState=FAILED|JobState=CANCELLED|JobState=TIMEOUT) [ "$restarts" != "Restarts=0" ] && { final=$state; break; } ;; esac
+  # Around a requeue the job passes through other states; only the requeued run's end counts.
+  if [ "$restarts" != "Restarts=0" ] && [ "$state" = JobState=COMPLETED ]; then final=$state; break; fi
   sleep 0.2
 done
 out=$(job_log)
+if [ "$final" != JobState=COMPLETED ]; then
+  echo "preempt.sh: job $job did not complete after a requeue; scontrol and the job's output:"
+  scontrol show job "$job" 2>&1 | sed 's/^/    /'
+  tail -n 25 "$tmp/$job.log" 2>&1 | sed 's/^/    /'
+fi
 check "preempt.sh: the signal stopped training at a snapshot" contains "^stopped by SIGUSR1 at global step [0-9]*" "$out"
 check "preempt.sh: the job requeued itself" contains "requeueing job $job" "$out"
 check "preempt.sh: the requeued job resumed from the snapshot" contains "^Resuming training from snapshot at Epoch [0-9]" "$out"
