@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <regex>
 #include <sstream>
@@ -186,70 +187,83 @@ Snapshot read_open(hid_t f, const std::string& name) {
     if (read_text_attr(a.get()) != kFormat) fail("is not an mpiddp snapshot");
   }
   if (H5Aexists(f, kChecksumAttr) <= 0) fail("has no checksum (incomplete or not an mpiddp snapshot)");
-  int64_t stored_crc = -1;
-  // Root attributes: by class.
-  H5O_info_t oinfo;
-  MPIDDP_CHECK_HDF5(H5Oget_info2(f, &oinfo, H5O_INFO_NUM_ATTRS));
-  for (hsize_t i = 0; i < oinfo.num_attrs; ++i) {
-    Hid a(MPIDDP_CHECK_HDF5(H5Aopen_by_idx(f, ".", H5_INDEX_NAME, H5_ITER_INC, i, H5P_DEFAULT, H5P_DEFAULT)),
-          H5Aclose);
-    const ssize_t len = MPIDDP_CHECK_HDF5(H5Aget_name(a.get(), 0, nullptr));
-    std::string an(static_cast<size_t>(len) + 1, '\0');
-    MPIDDP_CHECK_HDF5(H5Aget_name(a.get(), an.size(), an.data()));
-    an.resize(static_cast<size_t>(len));
-    Hid type(MPIDDP_CHECK_HDF5(H5Aget_type(a.get())), H5Tclose);
-    const auto cls = H5Tget_class(type.get());
-    if (an == "format" || an == "format_version") continue;
-    if (cls == H5T_INTEGER) {
-      int64_t v = 0;
-      MPIDDP_CHECK_HDF5(H5Aread(a.get(), H5T_NATIVE_INT64, &v));
-      if (an == kChecksumAttr) stored_crc = v;
-      else s.ints[an] = v;
-    } else if (cls == H5T_FLOAT) {
-      double v = 0;
-      MPIDDP_CHECK_HDF5(H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v));
-      s.reals[an] = v;
-    } else if (cls == H5T_STRING) {
-      s.texts[an] = read_text_attr(a.get());
-    }
-  }
-  // Datasets, at any depth.
-  struct Visit {
+  // Root attributes, by class. (H5Aiterate2, H5Gget_info, H5Lget_name_by_idx and H5Oopen keep
+  // their signatures from HDF5 1.8 to 1.14, unlike the H5Oget_info/H5Ovisit families.)
+  struct Attrs {
     Snapshot* s;
+    int64_t crc = -1;
     std::string error;
-  } visit{&s, {}};
-  auto cb = [](hid_t root, const char* path, const H5O_info_t* info, void* data) -> herr_t {
-    auto* v = static_cast<Visit*>(data);
-    if (info->type != H5O_TYPE_DATASET) return 0;
+  } attrs{&s, -1, {}};
+  auto on_attr = [](hid_t loc, const char* an, const H5A_info_t*, void* data) -> herr_t {
+    auto* at = static_cast<Attrs*>(data);
     try {
-      Hid d(MPIDDP_CHECK_HDF5(H5Dopen2(root, path, H5P_DEFAULT)), H5Dclose);
-      if (H5Aexists(d.get(), kDtypeAttr) <= 0) {
-        v->error = std::string("dataset /") + path + " has no dtype attribute";
-        return 1;
+      const std::string key = an;
+      if (key == "format" || key == "format_version") return 0;
+      Hid a(MPIDDP_CHECK_HDF5(H5Aopen(loc, an, H5P_DEFAULT)), H5Aclose);
+      Hid type(MPIDDP_CHECK_HDF5(H5Aget_type(a.get())), H5Tclose);
+      const auto cls = H5Tget_class(type.get());
+      if (cls == H5T_INTEGER) {
+        int64_t v = 0;
+        MPIDDP_CHECK_HDF5(H5Aread(a.get(), H5T_NATIVE_INT64, &v));
+        if (key == kChecksumAttr) at->crc = v;
+        else at->s->ints[key] = v;
+      } else if (cls == H5T_FLOAT) {
+        double v = 0;
+        MPIDDP_CHECK_HDF5(H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v));
+        at->s->reals[key] = v;
+      } else if (cls == H5T_STRING) {
+        at->s->texts[key] = read_text_attr(a.get());
       }
-      Hid a(MPIDDP_CHECK_HDF5(H5Aopen(d.get(), kDtypeAttr, H5P_DEFAULT)), H5Aclose);
-      const auto dtname = read_text_attr(a.get());
-      const DtypeInfo* dt = dtype_named(dtname);
-      if (!dt) {
-        v->error = std::string("dataset /") + path + " has unknown dtype '" + dtname + "'";
-        return 1;
-      }
-      Hid space(MPIDDP_CHECK_HDF5(H5Dget_space(d.get())), H5Sclose);
-      const int nd = MPIDDP_CHECK_HDF5(H5Sget_simple_extent_ndims(space.get()));
-      std::vector<hsize_t> dims(static_cast<size_t>(nd));
-      if (nd > 0) MPIDDP_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
-      auto t = torch::empty(std::vector<int64_t>(dims.begin(), dims.end()), dt->type);
-      if (t.numel() > 0) MPIDDP_CHECK_HDF5(H5Dread(d.get(), dt->mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()));
-      v->s->tensors[path] = t;
     } catch (const Error& e) {
-      v->error = std::string("dataset /") + path + ": " + e.message();
+      at->error = "attribute " + std::string(an) + ": " + e.message();
       return 1;
     }
     return 0;
   };
-  const herr_t rc = H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_INC, cb, &visit, H5O_INFO_BASIC);
-  if (!visit.error.empty()) fail("is damaged: " + visit.error);
-  if (rc < 0) fail("is damaged: " + detail::hdf5_error_text());
+  const herr_t arc = H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, nullptr, on_attr, &attrs);
+  if (!attrs.error.empty()) fail("is damaged: " + attrs.error);
+  if (arc < 0) fail("is damaged: " + detail::hdf5_error_text());
+
+  // Datasets, at any depth.
+  std::function<void(hid_t, const std::string&)> walk = [&](hid_t group, const std::string& prefix) {
+    H5G_info_t info;
+    MPIDDP_CHECK_HDF5(H5Gget_info(group, &info));
+    for (hsize_t i = 0; i < info.nlinks; ++i) {
+      const ssize_t len =
+          MPIDDP_CHECK_HDF5(H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT));
+      std::string link(static_cast<size_t>(len) + 1, '\0');
+      MPIDDP_CHECK_HDF5(
+          H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, link.data(), link.size(), H5P_DEFAULT));
+      link.resize(static_cast<size_t>(len));
+      const std::string path = prefix + link;
+      Hid obj(MPIDDP_CHECK_HDF5(H5Oopen(group, link.c_str(), H5P_DEFAULT)), H5Oclose);
+      if (H5Iget_type(obj.get()) == H5I_GROUP) {
+        walk(obj.get(), path + "/");
+        continue;
+      }
+      if (H5Iget_type(obj.get()) != H5I_DATASET) continue;
+      MPIDDP_CHECK(H5Aexists(obj.get(), kDtypeAttr) > 0, "dataset /" + path + " has no dtype attribute");
+      Hid a(MPIDDP_CHECK_HDF5(H5Aopen(obj.get(), kDtypeAttr, H5P_DEFAULT)), H5Aclose);
+      const auto dtname = read_text_attr(a.get());
+      const DtypeInfo* dt = dtype_named(dtname);
+      MPIDDP_CHECK(dt, "dataset /" + path + " has unknown dtype '" + dtname + "'");
+      Hid space(MPIDDP_CHECK_HDF5(H5Dget_space(obj.get())), H5Sclose);
+      const int nd = MPIDDP_CHECK_HDF5(H5Sget_simple_extent_ndims(space.get()));
+      std::vector<hsize_t> dims(static_cast<size_t>(nd));
+      if (nd > 0) MPIDDP_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
+      auto t = torch::empty(std::vector<int64_t>(dims.begin(), dims.end()), dt->type);
+      if (t.numel() > 0) {
+        MPIDDP_CHECK_HDF5(H5Dread(obj.get(), dt->mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()));
+      }
+      s.tensors[path] = t;
+    }
+  };
+  try {
+    walk(f, "");
+  } catch (const Error& e) {
+    fail("is damaged: " + e.message());
+  }
+  const int64_t stored_crc = attrs.crc;
   if (static_cast<int64_t>(checksum(s)) != stored_crc) {
     fail("is corrupt: its checksum does not match its contents");
   }
