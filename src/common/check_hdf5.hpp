@@ -14,6 +14,9 @@ namespace mpiddp::detail {
 /// HDF5's current error stack as one line ("H5Fopen: unable to open file: ..."), then cleared.
 std::string hdf5_error_text();
 
+/// Writes the scalar attribute `name` of `type` (the value at `value`) on `obj`; throws Error.
+void write_scalar_attr(hid_t obj, const std::string& name, hid_t type, const void* value);
+
 /// Stops HDF5 printing its error stack to stderr (mpiddp turns errors into exceptions). Idempotent.
 void quiet_hdf5();
 

@@ -22,6 +22,12 @@ std::string hdf5_error_text() {
   return text;
 }
 
+void write_scalar_attr(hid_t obj, const std::string& name, hid_t type, const void* value) {
+  Hid space(MPIDDP_CHECK_HDF5(H5Screate(H5S_SCALAR)), H5Sclose);
+  Hid a(MPIDDP_CHECK_HDF5(H5Acreate2(obj, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+  MPIDDP_CHECK_HDF5(H5Awrite(a.get(), type, value));
+}
+
 void quiet_hdf5() {
   static const bool once = [] {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);

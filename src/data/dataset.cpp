@@ -277,11 +277,6 @@ void write_dataset(const std::string& path, const torch::Tensor& inputs, const t
     MPIDDP_CHECK_HDF5(H5Dwrite(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, c.data_ptr()));
     return d;
   };
-  auto scalar_attr = [](hid_t obj, const char* name, hid_t type, const void* value) {
-    Hid space(MPIDDP_CHECK_HDF5(H5Screate(H5S_SCALAR)), H5Sclose);
-    Hid a(MPIDDP_CHECK_HDF5(H5Acreate2(obj, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-    MPIDDP_CHECK_HDF5(H5Awrite(a.get(), type, value));
-  };
   auto string_attr = [](hid_t obj, const char* name, const std::string& value) {
     Hid type(MPIDDP_CHECK_HDF5(H5Tcopy(H5T_C_S1)), H5Tclose);
     MPIDDP_CHECK_HDF5(H5Tset_size(type.get(), std::max<size_t>(1, value.size())));
@@ -292,12 +287,12 @@ void write_dataset(const std::string& path, const torch::Tensor& inputs, const t
   {
     const bool bytes = inputs.scalar_type() == torch::kUInt8;
     Hid in = write("inputs", inputs, bytes ? H5T_STD_U8LE : H5T_IEEE_F32LE, bytes ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT);
-    if (bytes) scalar_attr(in.get(), "scale", H5T_NATIVE_DOUBLE, &scale);
+    if (bytes) detail::write_scalar_attr(in.get(), "scale", H5T_NATIVE_DOUBLE, &scale);
     Hid tg = write("targets", targets, classes ? H5T_STD_I64LE : H5T_IEEE_F32LE,
                    classes ? H5T_NATIVE_INT64 : H5T_NATIVE_FLOAT);
   }
   string_attr(f.get(), "task", classes ? "classification" : "regression");
-  if (classes) scalar_attr(f.get(), "num_classes", H5T_NATIVE_INT64, &num_classes);
+  if (classes) detail::write_scalar_attr(f.get(), "num_classes", H5T_NATIVE_INT64, &num_classes);
   if (!source.empty()) string_attr(f.get(), "source", source);
   MPIDDP_CHECK_HDF5(H5Fflush(f.get(), H5F_SCOPE_GLOBAL));
   f = Hid();

@@ -35,27 +35,27 @@ struct DtypeInfo {
   hid_t file_type, mem_type;  // bf16/f16 travel as their 16-bit patterns, named by the dtype attribute
 };
 
-std::vector<DtypeInfo> dtypes() {
-  return {{torch::kFloat, "float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT},
+const std::vector<DtypeInfo>& dtypes() {
+  static const std::vector<DtypeInfo> all = {
+          {torch::kFloat, "float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT},
           {torch::kDouble, "float64", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE},
           {torch::kBFloat16, "bfloat16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
           {torch::kHalf, "float16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
           {torch::kInt, "int32", H5T_STD_I32LE, H5T_NATIVE_INT32},
           {torch::kLong, "int64", H5T_STD_I64LE, H5T_NATIVE_INT64},
           {torch::kByte, "uint8", H5T_STD_U8LE, H5T_NATIVE_UINT8}};
+  return all;
 }
 
 const DtypeInfo& dtype_of(c10::ScalarType t) {
-  static const auto all = dtypes();
-  for (const auto& d : all) {
+  for (const auto& d : dtypes()) {
     if (d.type == t) return d;
   }
   MPIDDP_THROW(std::string("snapshot: unsupported tensor dtype ") + c10::toString(t));
 }
 
 const DtypeInfo* dtype_named(const std::string& name) {
-  static const auto all = dtypes();
-  for (const auto& d : all) {
+  for (const auto& d : dtypes()) {
     if (name == d.name) return &d;
   }
   return nullptr;
@@ -88,18 +88,12 @@ uint32_t checksum(const Snapshot& s) {
   return static_cast<uint32_t>(crc);
 }
 
-void write_attr(hid_t obj, const std::string& name, hid_t type, const void* value) {
-  Hid space(MPIDDP_CHECK_HDF5(H5Screate(H5S_SCALAR)), H5Sclose);
-  Hid a(MPIDDP_CHECK_HDF5(H5Acreate2(obj, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  MPIDDP_CHECK_HDF5(H5Awrite(a.get(), type, value));
-}
-
 void write_text_attr(hid_t obj, const std::string& name, const std::string& value) {
   Hid type(MPIDDP_CHECK_HDF5(H5Tcopy(H5T_C_S1)), H5Tclose);
   MPIDDP_CHECK_HDF5(H5Tset_size(type.get(), H5T_VARIABLE));
   MPIDDP_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
   const char* p = value.c_str();
-  write_attr(obj, name, type.get(), &p);
+  detail::write_scalar_attr(obj, name, type.get(), &p);
 }
 
 std::string read_text_attr(hid_t attr) {
@@ -138,12 +132,12 @@ std::vector<char> file_image(const Snapshot& s) {
     write_text_attr(d.get(), kDtypeAttr, dt.name);
   }
   write_text_attr(f.get(), "format", kFormat);
-  write_attr(f.get(), "format_version", H5T_NATIVE_INT64, &kFormatVersion);
-  for (const auto& [name, v] : s.ints) write_attr(f.get(), name, H5T_NATIVE_INT64, &v);
-  for (const auto& [name, v] : s.reals) write_attr(f.get(), name, H5T_NATIVE_DOUBLE, &v);
+  detail::write_scalar_attr(f.get(), "format_version", H5T_NATIVE_INT64, &kFormatVersion);
+  for (const auto& [name, v] : s.ints) detail::write_scalar_attr(f.get(), name, H5T_NATIVE_INT64, &v);
+  for (const auto& [name, v] : s.reals) detail::write_scalar_attr(f.get(), name, H5T_NATIVE_DOUBLE, &v);
   for (const auto& [name, v] : s.texts) write_text_attr(f.get(), name, v);
   const int64_t crc = checksum(s);
-  write_attr(f.get(), kChecksumAttr, H5T_NATIVE_INT64, &crc);
+  detail::write_scalar_attr(f.get(), kChecksumAttr, H5T_NATIVE_INT64, &crc);
   MPIDDP_CHECK_HDF5(H5Fflush(f.get(), H5F_SCOPE_GLOBAL));
   const ssize_t size = MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), nullptr, 0));
   std::vector<char> image(static_cast<size_t>(size));
