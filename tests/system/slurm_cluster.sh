@@ -80,7 +80,7 @@ SlurmctldHost=$(hostname -s)($ctl_addr)
 SlurmctldPort=6917
 SlurmdPort=6918
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.sock
+AuthInfo=socket=$dir/munge/munge.sock,cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
