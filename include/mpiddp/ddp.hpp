@@ -12,6 +12,9 @@
 //   auto loss = loss_fn(model->forward(x), y);
 //   ddp.backward(loss);                 // loss.backward() + wait for the buckets, average, write .grad
 //   optimizer.step();
+//   ddp.zero_grad();                    // or optimizer.zero_grad()
+// After a step each parameter's .grad is a view of its bucket (as PyTorch DDP's
+// gradient_as_bucket_view): keep a copy, not the tensor, to hold a gradient past the next step.
 // Inside `auto guard = ddp.no_sync();` backward accumulates locally without communication.
 #pragma once
 
@@ -86,9 +89,13 @@ class DistributedDataParallel {
   void prepare_forward();
   /// loss.backward(), then finish_backward().
   void backward(const torch::Tensor& loss);
-  /// After a backward outside no_sync: launches what is left, waits for every bucket, averages
-  /// and writes each parameter's .grad. Collective.
+  /// After a backward outside no_sync: launches what is left, waits for every bucket, averages;
+  /// each parameter's .grad is then a view of its place in its bucket (the average, not a copy).
+  /// Collective.
   void finish_backward();
+  /// Zeroes the gradients: one fill per bucket instead of one per parameter (the optimizer's
+  /// zero_grad() is equally correct). Local.
+  void zero_grad();
 
   /// While alive, backward accumulates gradients locally and communicates nothing; the next
   /// backward outside it reduces the accumulated sum.
@@ -122,6 +129,7 @@ class DistributedDataParallel {
   std::vector<BucketLayout> layouts_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  ///< param -> (bucket, slot)
+  std::vector<torch::Tensor> views_;               ///< param -> its gradient's place in its bucket
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;
   size_t next_to_launch_ = 0;
   bool sync_ = true;

@@ -107,11 +107,32 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (size_t b = 0; b < layouts_.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();
     bucket->layout = layouts_[b];
-    bucket->flat = torch::zeros({layouts_[b].numel}, params_[layouts_[b].params[0]].options());
+    {
+      torch::NoGradGuard no_grad;
+      bucket->flat = torch::zeros({layouts_[b].numel}, params_[layouts_[b].params[0]].options().requires_grad(false));
+    }
     bucket->ready.assign(layouts_[b].params.size(), false);
     bucket->pending = layouts_[b].params.size();
     for (size_t s = 0; s < layouts_[b].params.size(); ++s) where_[layouts_[b].params[s]] = {b, s};
     buckets_.push_back(std::move(bucket));
+  }
+  // Each parameter's gradient, as an alias of its place in its bucket: after the first step .grad is
+  // this view, so the averaged bucket is the gradient (no copy back) and the optimizer reads it
+  // in place (PyTorch DDP's gradient_as_bucket_view).
+  views_.resize(params_.size());
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto [b, s] = where_[i];
+      // set_() onto the bucket's storage, not narrow().view(): autograd would record a view, and
+      // libtorch 1.13's Optimizer::zero_grad() refuses to detach_() one.
+      const auto& flat = buckets_[b]->flat;
+      const auto sizes = params_[i].sizes();
+      std::vector<int64_t> strides(sizes.size(), 1);
+      for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+      views_[i] = torch::empty({0}, flat.options())
+                      .set_(flat.storage(), flat.storage_offset() + layouts_[b].offsets[s], sizes, strides);
+    }
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     unsigned h = params_[i].register_hook([this, i](const torch::Tensor& grad) { on_gradient(i, grad); });
@@ -200,24 +221,39 @@ void DistributedDataParallel::prepare_forward() {
 }
 
 void DistributedDataParallel::on_gradient(size_t param, const torch::Tensor& grad) {
-  if (!sync_) return;  // no_sync: AccumulateGrad sums into .grad locally
+  if (!sync_) return;  // no_sync: AccumulateGrad sums into .grad (the bucket view after a first step)
   auto [b, slot] = where_[param];
   Bucket& bucket = *buckets_[b];
   MPIDDP_CHECK(!bucket.ready[slot], "parameter '" + names_[param] +
                                         "' received a gradient twice in one step; call finish_backward() "
                                         "(or ddp.backward(loss)) once after each backward");
   torch::NoGradGuard no_grad;
-  auto slice = bucket.flat.narrow(0, bucket.layout.offsets[slot], params_[param].numel());
-  // The hook runs before AccumulateGrad: gradients accumulated under no_sync are still in .grad.
-  const auto& accumulated = params_[param].grad();
-  if (accumulated.defined()) {
-    torch::add_out(slice, accumulated.reshape(-1), grad.reshape(-1));
+  // This hook runs before AccumulateGrad. Whatever .grad holds (zeros after zero_grad, or what
+  // no_sync accumulated) is summed with the new gradient into the bucket here; .grad is then
+  // cleared so that AccumulateGrad takes the new gradient without adding it a second time, and
+  // finish_backward() points .grad at the averaged bucket again.
+  auto& accumulated = params_[param].mutable_grad();
+  auto& view = views_[param];
+  if (!accumulated.defined()) {
+    view.copy_(grad);  // none yet, or cleared (zero_grad with set_to_none)
+  } else if (accumulated.is_same(view)) {
+    view.add_(grad);
   } else {
-    slice.copy_(grad.reshape(-1));
+    torch::add_out(view, accumulated, grad);  // a .grad of its own (set by the user)
   }
+  accumulated = torch::Tensor();
   bucket.ready[slot] = true;
   if (--bucket.pending == 0) launch_ready_buckets(false);
   poll_launched();
+}
+
+void DistributedDataParallel::zero_grad() {
+  torch::NoGradGuard no_grad;
+  for (auto& b : buckets_) b->flat.zero_();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& g = params_[i].mutable_grad();
+    if (g.defined() && !g.is_same(views_[i])) g = views_[i];
+  }
 }
 
 void DistributedDataParallel::poll_launched() {
@@ -250,13 +286,13 @@ void DistributedDataParallel::launch_ready_buckets(bool at_end) {
       for (size_t s = 0; s < b.ready.size(); ++s) {
         if (b.ready[s]) continue;
         const size_t p = b.layout.params[s];
-        auto slice = b.flat.narrow(0, b.layout.offsets[s], params_[p].numel());
-        const auto& g = params_[p].grad();
-        if (g.defined()) {
-          slice.copy_(g.reshape(-1));
-        } else {
-          slice.zero_();
-        }
+        auto& g = params_[p].mutable_grad();
+        if (!g.defined()) {
+          views_[p].zero_();
+        } else if (!g.is_same(views_[p])) {
+          views_[p].copy_(g);
+        }  // else the bucket already holds it
+        g = torch::Tensor();
         b.ready[s] = true;
       }
       b.pending = 0;
@@ -288,18 +324,14 @@ void DistributedDataParallel::finish_backward() {
     Bucket& b = *buckets_[k];
     b.work->wait();
     if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
-    timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, b.completed);
+    if (timeline_->enabled()) {
+      timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, b.completed);
+    }
     if (options_.compression) b.flat.copy_(b.wire);
     b.flat.div_(n);
     for (size_t s = 0; s < b.layout.params.size(); ++s) {
       const size_t p = b.layout.params[s];
-      auto avg = b.flat.narrow(0, b.layout.offsets[s], params_[p].numel()).view_as(params_[p]);
-      auto& g = params_[p].mutable_grad();
-      if (g.defined()) {
-        g.copy_(avg);
-      } else {
-        g = avg.clone();
-      }
+      params_[p].mutable_grad() = views_[p];  // the average, in place in the bucket
       b.ready[s] = false;
     }
     b.pending = b.ready.size();

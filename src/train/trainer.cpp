@@ -567,6 +567,27 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   auto* flag = flags.data_ptr<int64_t>();
   auto flags_dev = device_.is_cpu() ? flags : flags.to(device_);
   double first_step_unix_s = 0;
+  // A cached training set is gathered a block of steps at a time (one gather of up to 8 MiB of
+  // float inputs) and each step takes a slice of the block: the same rows, one gather instead of
+  // one per step. Otherwise every step reads its own rows (collectively when parallel).
+  int64_t sample_floats = 1;
+  for (auto d : train_->info().sample_shape) sample_floats *= d;
+  const int64_t block_steps =
+      std::max<int64_t>(1, (int64_t{8} << 20) / (4 * std::max<int64_t>(1, sample_floats) * c.batch_size));
+  Example block;
+  int64_t block_first = -1, block_epoch = -1;
+  auto batch_at = [&](const std::vector<int64_t>& indices, int64_t s) -> Example {
+    const auto at = [&](int64_t step) { return indices.begin() + step * c.batch_size; };
+    if (!train_->cached()) return train_->read_collective(std::vector<int64_t>(at(s), at(s + 1)));
+    if (block_epoch != p.epoch || s < block_first || s >= block_first + block_steps) {
+      const int64_t last = std::min(steps_per_epoch_, s + block_steps);
+      block = train_->read(std::vector<int64_t>(at(s), at(last)));
+      block_first = s;
+      block_epoch = p.epoch;
+    }
+    const int64_t row = (s - block_first) * c.batch_size;
+    return {block.inputs.narrow(0, row, c.batch_size), block.targets.narrow(0, row, c.batch_size)};
+  };
   model_->train();
   for (; p.epoch < c.epochs && p.global_step < total_steps; ++p.epoch, p.step_in_epoch = 0, p.loss_sum = 0,
                                                                 p.seconds = 0) {
@@ -578,8 +599,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     p.lr = lr_at(p.global_step, p.epoch, total_steps);
     while (p.step_in_epoch < steps_per_epoch_ && p.global_step < total_steps) {
       const int64_t s = p.step_in_epoch;
-      std::vector<int64_t> batch(indices.begin() + s * c.batch_size, indices.begin() + (s + 1) * c.batch_size);
-      auto e = train_->read_collective(batch);
+      const Example e = batch_at(indices, s);
       p.lr = lr_at(p.global_step, p.epoch, total_steps);
       for (auto& group : opt->param_groups()) group.options().set_lr(p.lr);
       ddp.prepare_forward();
@@ -609,7 +629,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
         opt->step();
         p.loss_sum += loss_value;
       }
-      opt->zero_grad();
+      ddp.zero_grad();
       ++p.step_in_epoch;
       ++p.global_step;
       if (first_step_unix_s == 0) first_step_unix_s = unix_seconds();

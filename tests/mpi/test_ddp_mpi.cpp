@@ -115,7 +115,27 @@ struct RunSpec {
   bool images = false;
   double lr = 0.1;
   bool adam = false;
+  // How gradients are cleared after each step: the optimizer's zero_grad() (libtorch 1.13: in
+  // place), ddp.zero_grad(), every .grad reset to undefined (zero_grad(set_to_none) in libtorch 2),
+  // or not at all (both runs then accumulate gradients across steps).
+  enum class Zero { kOptimizer, kDdp, kSetToNone, kNever } zero = Zero::kOptimizer;
+  bool direct_backward = false;  // loss.backward() + ddp.finish_backward() instead of ddp.backward(loss)
 };
+
+template <typename Model>
+void clear_gradients(RunSpec::Zero how, torch::optim::Optimizer& opt, Model& model,
+                     mpiddp::DistributedDataParallel* ddp) {
+  switch (how) {
+    case RunSpec::Zero::kOptimizer: opt.zero_grad(); break;
+    case RunSpec::Zero::kDdp:
+      if (ddp) ddp->zero_grad(); else opt.zero_grad();
+      break;
+    case RunSpec::Zero::kSetToNone:
+      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+      break;
+    case RunSpec::Zero::kNever: break;
+  }
+}
 
 // Trains `make()` with DDP on this rank's shards and a reference copy on the whole global batch;
 // returns the max relative parameter error after kSteps.
@@ -150,17 +170,20 @@ double ddp_vs_single(const RunSpec& spec, Make make, mpiddp::DdpStats* stats = n
       if (m + 1 < spec.accumulation) {
         auto guard = ddp.no_sync();
         ddp.backward(loss);
+      } else if (spec.direct_backward) {
+        loss.backward();
+        ddp.finish_backward();
       } else {
         ddp.backward(loss);
       }
     }
     opt->step();
-    opt->zero_grad();
+    clear_gradients(spec.zero, *opt, model, &ddp);
     // Reference: one process, the whole global batch at once.
     auto ref_loss = loss_of(reference, all, spec.images);
     ref_loss.backward();
     ref_opt->step();
-    ref_opt->zero_grad();
+    clear_gradients(spec.zero, *ref_opt, reference, nullptr);
   }
   if (stats) *stats = ddp.stats();
   return max_rel_error(*model, *reference);
@@ -204,6 +227,61 @@ TEST(Ddp, GradientAccumulationWithNoSync) {
   const double err = ddp_vs_single(spec, [] { return Mlp(); }, &stats);
   EXPECT_LE(err, 1e-5);
   MPIDDP_EXPECT_ALL(err <= 1e-5 && stats.steps == kSteps);  // one reduction per step, not per micro-batch
+}
+
+TEST(Ddp, EveryWayOfClearingGradientsMatchesSingleProcess) {
+  // After a step .grad is an alias of the bucket; each way of clearing it (or none: gradients
+  // summed over steps) must give the single process's parameters, with plain steps and with
+  // no_sync accumulation, through ddp.backward() and through loss.backward() + finish_backward().
+  using Z = RunSpec::Zero;
+  for (Z zero : {Z::kOptimizer, Z::kDdp, Z::kSetToNone, Z::kNever}) {
+    for (int accumulation : {1, 2}) {
+      for (bool direct : {false, true}) {
+        RunSpec spec;
+        spec.zero = zero;
+        spec.accumulation = accumulation;
+        spec.direct_backward = direct;
+        spec.lr = 0.02;
+        const double err = ddp_vs_single(spec, [] { return Mlp(32, /*with_unused=*/true); });
+        EXPECT_LE(err, 1e-5) << "zero " << static_cast<int>(zero) << " accumulation " << accumulation
+                             << " direct " << direct;
+        MPIDDP_EXPECT_ALL(err <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST(Ddp, GradientsAreTheBucketNotCopies) {
+  // One bucket: after each step every .grad lies in one buffer, in reverse registration order,
+  // back to back, at the same address every step (no copy back from the bucket).
+  auto& pg = group("mpi");
+  torch::manual_seed(7);
+  Mlp model;
+  mpiddp::DdpOptions o;
+  o.bucket_cap_bytes = o.first_bucket_cap_bytes = int64_t{1} << 30;
+  mpiddp::DistributedDataParallel ddp(model.ptr(), pg, o);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto params = model->parameters();
+  std::vector<const void*> first;
+  bool same = true, packed = true;
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = shard(global_batch(step, kBatch * pg.size(), false), pg.rank(), kBatch);
+    ddp.backward(loss_of(model, b, false));
+    for (size_t i = 0; i + 1 < params.size(); ++i) {
+      const auto* later = static_cast<const char*>(params[i + 1].grad().data_ptr());
+      packed = packed && static_cast<const char*>(params[i].grad().data_ptr()) ==
+                             later + params[i + 1].numel() * static_cast<int64_t>(sizeof(float));
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (step == 0) first.push_back(params[i].grad().data_ptr());
+      same = same && first[i] == params[i].grad().data_ptr();
+    }
+    opt.step();
+    opt.zero_grad();
+  }
+  EXPECT_TRUE(packed);
+  EXPECT_TRUE(same);
+  MPIDDP_EXPECT_ALL(packed && same);
 }
 
 TEST(Ddp, UnusedParameterDoesNotHang) {
