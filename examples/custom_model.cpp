@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
       auto loss = torch::mse_loss(model->forward(e.inputs), e.targets);
       ddp.backward(loss);  // gradients averaged over all ranks
       opt.step();
-      opt.zero_grad();
+      ddp.zero_grad();  // or opt.zero_grad()
       total += loss.item<double>();
     }
     auto mean = torch::tensor({total / static_cast<double>(steps)}, torch::kDouble);
