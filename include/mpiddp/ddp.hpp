@@ -113,9 +113,11 @@ class DistributedDataParallel {
 
  private:
   struct Bucket;
+  struct GradientReady;  ///< the post-hook on each parameter's AccumulateGrad
   void verify_same_model();
   void broadcast_tensors(const std::vector<torch::Tensor>& tensors);
-  void on_gradient(size_t param, const torch::Tensor& grad);
+  void on_gradient(size_t param);
+  void adopt_gradient(size_t param);
   void launch_ready_buckets(bool at_end);
   void launch(Bucket& b);
   void poll_launched();
@@ -130,7 +132,7 @@ class DistributedDataParallel {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  ///< param -> (bucket, slot)
   std::vector<torch::Tensor> views_;               ///< param -> its gradient's place in its bucket
-  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;  ///< accumulator, hook key
   size_t next_to_launch_ = 0;
   bool sync_ = true;
   DdpStats stats_;

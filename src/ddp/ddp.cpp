@@ -35,6 +35,17 @@ std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
   return out;
 }
 
+struct DistributedDataParallel::GradientReady : torch::autograd::FunctionPostHook {
+  GradientReady(DistributedDataParallel* ddp, size_t param) : ddp_(ddp), param_(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    ddp_->on_gradient(param_);
+    return outputs;
+  }
+  DistributedDataParallel* ddp_;
+  size_t param_;
+};
+
 struct DistributedDataParallel::Bucket {
   BucketLayout layout;
   torch::Tensor flat;       ///< gradients of this bucket, in layout order
@@ -134,20 +145,19 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                       .set_(flat.storage(), flat.storage_offset() + layouts_[b].offsets[s], sizes, strides);
     }
   }
+  // A post-hook on each parameter's AccumulateGrad node (as PyTorch's reducer): it runs once the
+  // gradient is in .grad, which after the first step is the bucket itself. The accumulators are
+  // held here: autograd keeps only a weak reference, and a new one would come without the hook.
   for (size_t i = 0; i < params_.size(); ++i) {
-    unsigned h = params_[i].register_hook([this, i](const torch::Tensor& grad) { on_gradient(i, grad); });
-    hooks_.emplace_back(params_[i], h);
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    MPIDDP_CHECK(accumulator, "parameter '" + names_[i] + "' has no gradient accumulator (not a leaf?)");
+    const auto key = accumulator->add_post_hook(std::make_unique<GradientReady>(this, i));
+    hooks_.emplace_back(std::move(accumulator), key);
   }
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  for (auto& [t, h] : hooks_) {
-    try {
-      t.remove_hook(h);
-    } catch (...) {
-      // the tensor may already be gone with its module; nothing to undo then
-    }
-  }
+  for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
 }
 
 void DistributedDataParallel::verify_same_model() {
@@ -220,31 +230,32 @@ void DistributedDataParallel::prepare_forward() {
   broadcast_tensors(buffers_);
 }
 
-void DistributedDataParallel::on_gradient(size_t param, const torch::Tensor& grad) {
-  if (!sync_) return;  // no_sync: AccumulateGrad sums into .grad (the bucket view after a first step)
+void DistributedDataParallel::on_gradient(size_t param) {
+  if (!sync_) return;  // no_sync: AccumulateGrad summed into .grad (the bucket after a first step)
   auto [b, slot] = where_[param];
   Bucket& bucket = *buckets_[b];
   MPIDDP_CHECK(!bucket.ready[slot], "parameter '" + names_[param] +
                                         "' received a gradient twice in one step; call finish_backward() "
                                         "(or ddp.backward(loss)) once after each backward");
-  torch::NoGradGuard no_grad;
-  // This hook runs before AccumulateGrad. Whatever .grad holds (zeros after zero_grad, or what
-  // no_sync accumulated) is summed with the new gradient into the bucket here; .grad is then
-  // cleared so that AccumulateGrad takes the new gradient without adding it a second time, and
-  // finish_backward() points .grad at the averaged bucket again.
-  auto& accumulated = params_[param].mutable_grad();
-  auto& view = views_[param];
-  if (!accumulated.defined()) {
-    view.copy_(grad);  // none yet, or cleared (zero_grad with set_to_none)
-  } else if (accumulated.is_same(view)) {
-    view.add_(grad);
-  } else {
-    torch::add_out(view, accumulated, grad);  // a .grad of its own (set by the user)
-  }
-  accumulated = torch::Tensor();
+  // AccumulateGrad has run. When .grad is the bucket's view it added in place and there is nothing
+  // to do; otherwise (the first step, .grad cleared to undefined, or a tensor set by the user)
+  // .grad is copied into the bucket and becomes the view.
+  adopt_gradient(param);
   bucket.ready[slot] = true;
   if (--bucket.pending == 0) launch_ready_buckets(false);
   poll_launched();
+}
+
+void DistributedDataParallel::adopt_gradient(size_t param) {
+  auto& g = params_[param].mutable_grad();
+  if (g.is_same(views_[param])) return;
+  torch::NoGradGuard no_grad;
+  if (g.defined()) {
+    views_[param].copy_(g);
+  } else {
+    views_[param].zero_();
+  }
+  g = views_[param];
 }
 
 void DistributedDataParallel::zero_grad() {
@@ -252,7 +263,7 @@ void DistributedDataParallel::zero_grad() {
   for (auto& b : buckets_) b->flat.zero_();
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& g = params_[i].mutable_grad();
-    if (g.defined() && !g.is_same(views_[i])) g = views_[i];
+    if (g.defined()) g = views_[i];
   }
 }
 
@@ -285,14 +296,7 @@ void DistributedDataParallel::launch_ready_buckets(bool at_end) {
       torch::NoGradGuard no_grad;
       for (size_t s = 0; s < b.ready.size(); ++s) {
         if (b.ready[s]) continue;
-        const size_t p = b.layout.params[s];
-        auto& g = params_[p].mutable_grad();
-        if (!g.defined()) {
-          views_[p].zero_();
-        } else if (!g.is_same(views_[p])) {
-          views_[p].copy_(g);
-        }  // else the bucket already holds it
-        g = torch::Tensor();
+        adopt_gradient(b.layout.params[s]);
         b.ready[s] = true;
       }
       b.pending = 0;
@@ -329,11 +333,8 @@ void DistributedDataParallel::finish_backward() {
     }
     if (options_.compression) b.flat.copy_(b.wire);
     b.flat.div_(n);
-    for (size_t s = 0; s < b.layout.params.size(); ++s) {
-      const size_t p = b.layout.params[s];
-      params_[p].mutable_grad() = views_[p];  // the average, in place in the bucket
-      b.ready[s] = false;
-    }
+    // Each .grad is its view of the bucket: it holds the average.
+    std::fill(b.ready.begin(), b.ready.end(), false);
     b.pending = b.ready.size();
     b.work.reset();
     b.wire = torch::Tensor();
