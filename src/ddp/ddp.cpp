@@ -118,10 +118,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (size_t b = 0; b < layouts_.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();
     bucket->layout = layouts_[b];
-    {
-      torch::NoGradGuard no_grad;
-      bucket->flat = torch::zeros({layouts_[b].numel}, params_[layouts_[b].params[0]].options().requires_grad(false));
-    }
+    bucket->flat = torch::zeros({layouts_[b].numel}, params_[layouts_[b].params[0]].options());
     bucket->ready.assign(layouts_[b].params.size(), false);
     bucket->pending = layouts_[b].params.size();
     for (size_t s = 0; s < layouts_[b].params.size(); ++s) where_[layouts_[b].params[s]] = {b, s};
@@ -137,12 +134,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       const auto [b, s] = where_[i];
       // set_() onto the bucket's storage, not narrow().view(): autograd would record a view, and
       // libtorch 1.13's Optimizer::zero_grad() refuses to detach_() one.
+      // No strides given: contiguous.
       const auto& flat = buckets_[b]->flat;
-      const auto sizes = params_[i].sizes();
-      std::vector<int64_t> strides(sizes.size(), 1);
-      for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
       views_[i] = torch::empty({0}, flat.options())
-                      .set_(flat.storage(), flat.storage_offset() + layouts_[b].offsets[s], sizes, strides);
+                      .set_(flat.storage(), flat.storage_offset() + layouts_[b].offsets[s], params_[i].sizes());
     }
   }
   // A post-hook on each parameter's AccumulateGrad node (as PyTorch's reducer): it runs once the
@@ -293,7 +288,6 @@ void DistributedDataParallel::launch_ready_buckets(bool at_end) {
     if (b.pending != 0) {
       if (!at_end) return;
       // Parameters without a gradient this step: what they accumulated under no_sync, or zeros.
-      torch::NoGradGuard no_grad;
       for (size_t s = 0; s < b.ready.size(); ++s) {
         if (b.ready[s]) continue;
         adopt_gradient(b.layout.params[s]);

@@ -570,16 +570,14 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   // A cached training set is gathered a block of steps at a time (one gather of up to 8 MiB of
   // float inputs) and each step takes a slice of the block: the same rows, one gather instead of
   // one per step. Otherwise every step reads its own rows (collectively when parallel).
-  int64_t sample_floats = 1;
-  for (auto d : train_->info().sample_shape) sample_floats *= d;
-  const int64_t block_steps =
-      std::max<int64_t>(1, (int64_t{8} << 20) / (4 * std::max<int64_t>(1, sample_floats) * c.batch_size));
+  const int64_t sample_floats = std::max<int64_t>(1, flat_size(train_->info().sample_shape));
+  const int64_t block_steps = std::max<int64_t>(1, (int64_t{8} << 20) / (4 * sample_floats * c.batch_size));
   Example block;
   int64_t block_first = -1, block_epoch = -1;
   auto batch_at = [&](const std::vector<int64_t>& indices, int64_t s) -> Example {
     const auto at = [&](int64_t step) { return indices.begin() + step * c.batch_size; };
     if (!train_->cached()) return train_->read_collective(std::vector<int64_t>(at(s), at(s + 1)));
-    if (block_epoch != p.epoch || s < block_first || s >= block_first + block_steps) {
+    if (block_epoch != p.epoch || s >= block_first + block_steps) {  // steps only rise within an epoch
       const int64_t last = std::min(steps_per_epoch_, s + block_steps);
       block = train_->read(std::vector<int64_t>(at(s), at(last)));
       block_first = s;
