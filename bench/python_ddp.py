@@ -39,6 +39,7 @@ def main():
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", a.port)
+    os.environ.setdefault("USE_LIBUV", "0")  # PyTorch 2.x: Debian's build has no libuv TCPStore
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo", rank=rank, world_size=size)
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: install what is missing, build, run every test
-# (unit, MPI at 1-4 ranks, system, install), then rebuild with ASan+UBSan and run the unit and
-# MPI tests again. Exit status non-zero on any failure. usage: scripts/test.sh
+# (unit, MPI at 1-4 ranks, system, install) against Debian 12's libtorch 1.13; then build and test
+# again against Debian sid's libtorch 2.14 inside a chroot (scripts/chroot.sh; made on first use,
+# ~10 min, reused after); then rebuild with ASan+UBSan and run the unit and MPI tests again.
+# Exit status non-zero on any failure. usage: scripts/test.sh
+# MPIDDP_SKIP_SID=1 or MPIDDP_SKIP_SANITIZERS=1 leave out a stage (CI runs all three).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite also needs: a Slurm cluster (slurm-wlm, munge, iproute2), both module systems
@@ -15,6 +18,11 @@ echo "== build (RelWithDebInfo, warnings as errors)"
 bash scripts/build.sh build -DMPIDDP_WARNINGS_AS_ERRORS=ON
 echo "== tests"
 ctest --test-dir build --output-on-failure -j "$jobs"
+
+if [ "${MPIDDP_SKIP_SID:-0}" != 1 ]; then
+  echo "== Debian sid chroot: libtorch 2.x build and tests"
+  bash scripts/chroot.sh --suite sid -- bash scripts/test_stack.sh build-sid
+fi
 
 if [ "${MPIDDP_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "== build (ASan + UBSan)"

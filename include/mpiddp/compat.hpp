@@ -2,10 +2,15 @@
 // this header and uses the names below, never TORCH_VERSION arithmetic of its own.
 #pragma once
 
+#include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
+
+#include <mpiddp/config.hpp>
 
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #define MPIDDP_TORCH_VERSION_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -32,5 +37,39 @@ template <class StateMap>
 typename StateMap::key_type optimizer_state_key(const StateMap& /*state*/, const void* impl) {
   return detail::state_key(impl, static_cast<typename StateMap::key_type*>(nullptr));
 }
+
+/// A held reference to a parameter's AccumulateGrad node, as impl::grad_accumulator() returns it:
+/// std::shared_ptr<Node> up to libtorch 2.12, c10::intrusive_ptr<Node> from 2.13 (detected from the
+/// function's own return type).
+using GradAccumulatorPtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::autograd::Variable&>()));
+
+namespace detail {
+template <class Options>
+auto classic_tcp_store(Options& o, int) -> decltype(o.useLibUV = false, void()) {
+  o.useLibUV = false;
+}
+template <class Options>
+void classic_tcp_store(Options&, long) {}
+}  // namespace detail
+
+/// Asks c10d's TCPStore for its classic socket implementation. libtorch 2.x defaults to a libuv one
+/// that builds without libuv (Debian's) refuse at run time ("use_libuv was requested but PyTorch
+/// was built without libuv support"); older versions have no such member and only the classic one.
+template <class TCPStoreOptions>
+void use_classic_tcp_store(TCPStoreOptions& options) {
+  detail::classic_tcp_store(options, 0);
+}
+
+/// Whether c10d's Gloo reduces float16 / bfloat16. Read from the gloo/config.h libtorch was built
+/// with where it says (GLOO_USE_TORCH_DTYPES, see cmake/TorchFeatures.cmake). A gloo older than
+/// that macro carries float16 natively, and bfloat16 only through c10d's own support, which came
+/// with libtorch 2.1: the one gate here that no header can answer, so a version decides it.
+#if MPIDDP_GLOO_BFLOAT16 < 0
+#define MPIDDP_GLOO_HAS_BFLOAT16 MPIDDP_TORCH_VERSION_AT_LEAST(2, 1)
+#else
+#define MPIDDP_GLOO_HAS_BFLOAT16 MPIDDP_GLOO_BFLOAT16
+#endif
+#define MPIDDP_GLOO_HAS_HALF MPIDDP_GLOO_HALF
 
 }  // namespace mpiddp::compat

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <mpiddp/comm.hpp>
+#include <mpiddp/compat.hpp>
 #include <mpiddp/timeline.hpp>
 
 #include <torch/torch.h>
@@ -132,7 +133,7 @@ class DistributedDataParallel {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  ///< param -> (bucket, slot)
   std::vector<torch::Tensor> views_;               ///< param -> its gradient's place in its bucket
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;  ///< accumulator, hook key
+  std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> hooks_;  ///< accumulator, hook key
   size_t next_to_launch_ = 0;
   bool sync_ = true;
   DdpStats stats_;

@@ -53,6 +53,7 @@ class GlooProcessGroup : public ProcessGroup {
     const std::string host = runtime.node_count() == 1 ? "127.0.0.1" : runtime.hostnames()[0];
     c10d::TCPStoreOptions so;
     so.timeout = options.timeout;
+    compat::use_classic_tcp_store(so);
     int port = 0;
     c10::intrusive_ptr<c10d::Store> store;
     std::string server_error;
@@ -87,9 +88,9 @@ class GlooProcessGroup : public ProcessGroup {
   std::string backend() const override { return "gloo"; }
 
   bool supports(Collective c, c10::ScalarType dtype, ReduceOp op) const override {
-#if !MPIDDP_TORCH_VERSION_AT_LEAST(2, 1)
-    if (dtype == c10::kBFloat16) return false;  // c10d's Gloo learned bfloat16 in PyTorch 2.1
-#endif
+    // What the linked gloo reduces (and so sends: c10d dispatches every collective on the dtype).
+    if (dtype == c10::kBFloat16 && !MPIDDP_GLOO_HAS_BFLOAT16) return false;
+    if (dtype == c10::kHalf && !MPIDDP_GLOO_HAS_HALF) return false;
     return ProcessGroup::supports(c, dtype, op);
   }
 

@@ -13,6 +13,7 @@
 #include "common/check_cuda.hpp"
 
 namespace mpiddp {
+#if MPIDDP_HAS_CUDA
 namespace {
 
 std::string cuda_version_text(int v) {  // 13000 -> "13.0"
@@ -20,6 +21,7 @@ std::string cuda_version_text(int v) {  // 13000 -> "13.0"
 }
 
 }  // namespace
+#endif
 
 LibraryVersions library_versions() {
   LibraryVersions v;

@@ -51,8 +51,9 @@ run_alone() {
 count_lines() { grep -c -x -- "$1" <<<"$2"; }   # exact whole-line matches
 contains() { grep -q -- "$1" <<<"$2"; }
 last_line() { tail -n 1 <<<"$1"; }
-# Exactly one line from mpiddp on stderr (the launcher may add its own banner about the exit code).
-one_line() { [ "$(grep -c -v -E '^(-+|mpiexec|mpirun|Primary job|a non-zero exit|the job to be|The first process| +(Process name|Exit code):|$)' <<<"$1")" -eq 1 ]; }
+# Exactly one line from mpiddp on stderr (the launcher may add its own banner about the exit code:
+# Open MPI 4's mpirun, or Open MPI 5/6's prterun, "... detected that one or more processes exited").
+one_line() { [ "$(grep -c -v -E '^(-+|mpiexec|mpirun|prterun|Primary job|a non-zero exit|the job to be|thus causing the job|The first process| +(Process name|Exit code):|$)' <<<"$1")" -eq 1 ]; }
 # line_after "A" "B" text: the line right after the line A is B.
 line_after() { grep -A1 -x -- "$1" <<<"$3" | tail -n 1 | grep -q -x -- "$2"; }
 not_timed_out() { [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; }
