@@ -22,7 +22,7 @@ std::string short_path(const char* file) {
   return path;
 }
 
-std::string format(const std::string& message, const std::string& file, int line, int rank) {
+std::string format_error(const std::string& message, const std::string& file, int line, int rank) {
   std::string where = rank >= 0 ? "[rank " + std::to_string(rank) + "] " : std::string();
   return where + file + ":" + std::to_string(line) + ": " + message;
 }
@@ -33,7 +33,7 @@ Error::Error(const std::string& message, const char* file, int line)
     : Error(message, file, line, current_rank()) {}
 
 Error::Error(const std::string& message, const char* file, int line, int rank)
-    : std::runtime_error(format(message, short_path(file), line, rank)),
+    : std::runtime_error(format_error(message, short_path(file), line, rank)),
       message_(message),
       file_(short_path(file)),
       line_(line),
