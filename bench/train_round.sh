@@ -18,7 +18,7 @@ mpiddp=$build/mpiddp hand=$build/bench/mpiddp_handwritten_ddp
 # the toy's lengths differ by contender so that each pair differs by several seconds of work.
 lengths() {  # lengths WORKLOAD CONTENDER -> "SHORT LONG"
   case $1/$2 in
-    toy/python) echo "10 60" ;;
+    toy/python) echo "10 150" ;;
     toy/*) echo "100 1500" ;;
     cnn/*) echo "1 3" ;;
   esac

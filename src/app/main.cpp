@@ -1,5 +1,6 @@
 // mpiddp: one executable, several subcommands. MPI is initialised once here; each subcommand
 // receives the Runtime and its own arguments.
+#include <mpiddp/allocator.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>
@@ -34,6 +35,9 @@ std::string usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything allocates: freed step buffers stay in the heap for the next step (see
+  // allocator.hpp; MALLOC_MMAP_THRESHOLD_ and friends still win).
+  mpiddp::tune_malloc_for_training();
   std::unique_ptr<mpiddp::Runtime> runtime;
   try {
     runtime = std::make_unique<mpiddp::Runtime>(&argc, &argv);
