@@ -53,6 +53,13 @@ def main():
                 first = st.median(x[1] for x in got)
                 print(f"| {workload} | {NAMES[who]} | {st.median(rates):,.0f} {unit} ({min(rates):,.0f}-{max(rates):,.0f}) "
                       f"| {first:.2f} | {m_rate / st.median(rates):.2f}x | {first / m_first:.2f}x |")
+    print("\nPer-round ratios mpiddp / Python DDP (same round, same stack), sorted:")
+    for stack in stacks:
+        for workload in ("toy", "cnn"):
+            mine, theirs = data.get((stack, workload, "mpiddp"), []), data.get((stack, workload, "python"), [])
+            ratios = sorted(m[0] / t[0] for m, t in zip(mine, theirs))
+            if ratios:
+                print(f"- {stack} {workload}: " + ", ".join(f"{x:.2f}" for x in ratios))
     n = len({r["round"] for r in rows})
     print(f"\nMedians over {n} interleaved round(s); throughput = (long run - short run) work / wall time. "
           "Targets on each stack: CNN >= 1.05x Python DDP, toy >= 30x Python DDP, time to first step "
