@@ -90,7 +90,6 @@ int main(int argc, char** argv) {
   // compute, hooks and optimizer, no communication (the "no DDP" baseline).
   auto step = [&](bool communicate) {
     mpiddp::Timeline* tl = communicate ? ddp->timeline() : nullptr;
-    if (communicate) ddp->prepare_forward();
     torch::Tensor loss;
     {
       mpiddp::ScopedSpan s(tl, "forward");

@@ -35,11 +35,10 @@ int main(int argc, char** argv) {
     const int64_t steps = sampler.num_samples() / batch;
     for (int64_t s = 0; s < steps; ++s) {
       auto e = data.read({idx.begin() + s * batch, idx.begin() + (s + 1) * batch});
-      ddp.prepare_forward();
+      opt.zero_grad();
       auto loss = torch::mse_loss(model->forward(e.inputs), e.targets);
-      ddp.backward(loss);  // gradients averaged over all ranks
+      loss.backward();  // returns with the gradients averaged over all ranks
       opt.step();
-      ddp.zero_grad();  // or opt.zero_grad()
       total += loss.item<double>();
     }
     auto mean = torch::tensor({total / static_cast<double>(steps)}, torch::kDouble);

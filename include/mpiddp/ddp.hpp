@@ -7,12 +7,15 @@
 // got no gradient in a step contribute zeros, launched at the end of backward, so an unused
 // parameter on some ranks never leaves the others waiting.
 //
-// Use per step:
-//   ddp.prepare_forward();              // re-broadcasts buffers from rank 0 (BatchNorm stats)
+// Use per step, as with PyTorch:
+//   optimizer.zero_grad();              // or ddp.zero_grad(): one fill per bucket
 //   auto loss = loss_fn(model->forward(x), y);
-//   ddp.backward(loss);                 // loss.backward() + wait for the buckets, average, write .grad
+//   loss.backward();                    // returns with every .grad averaged over the ranks
 //   optimizer.step();
-//   ddp.zero_grad();                    // or optimizer.zero_grad()
+// The reduction completes inside backward: the first gradient hook of a pass queues a callback
+// on the autograd engine that launches what is left, waits for every bucket, averages and
+// re-broadcasts buffers from rank 0, before loss.backward() returns. A backward that throws
+// leaves DDP usable: the next pass (or zero_grad()) finishes what the aborted one launched.
 // After a step each parameter's .grad is a view of its bucket (as PyTorch DDP's
 // gradient_as_bucket_view): keep a copy, not the tensor, to hold a gradient past the next step.
 // Inside `auto guard = ddp.no_sync();` backward accumulates locally without communication.
@@ -25,6 +28,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,7 +71,8 @@ std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
 struct DdpStats {
   int64_t steps = 0;                     ///< synchronised backward passes
   int64_t buckets_launched_early = 0;    ///< launched from a gradient hook, during backward
-  int64_t buckets_launched_at_end = 0;   ///< launched by backward()'s end (unused parameters)
+  int64_t buckets_launched_at_end = 0;   ///< launched at the end of backward (unused parameters)
+  int64_t aborted_passes = 0;            ///< backward passes that threw after gradients arrived
 };
 
 class DistributedDataParallel {
@@ -86,13 +91,15 @@ class DistributedDataParallel {
   const DdpStats& stats() const { return stats_; }
   Timeline* timeline() { return timeline_.get(); }
 
-  /// Before each forward: re-broadcasts buffers from rank 0 (when enabled). Collective.
+  /// Re-broadcasts buffers from rank 0 now (when enabled). Not needed per step: every reducing
+  /// backward ends with that broadcast. Collective.
   void prepare_forward();
-  /// loss.backward(), then finish_backward().
+  /// loss.backward(), then finish_backward(); the same as loss.backward() alone, plus a
+  /// "backward" span in the timeline.
   void backward(const torch::Tensor& loss);
-  /// After a backward outside no_sync: launches what is left, waits for every bucket, averages;
-  /// each parameter's .grad is then a view of its place in its bucket (the average, not a copy).
-  /// Collective.
+  /// Only for a backward pass in which no parameter received a gradient (say, a loss that does
+  /// not depend on the model on this rank): this rank then joins the other ranks' reduction with
+  /// zeros. After any other pass it does nothing, as backward already reduced. Collective then.
   void finish_backward();
   /// Zeroes the gradients: one fill per bucket instead of one per parameter (the optimizer's
   /// zero_grad() is equally correct). Local.
@@ -115,6 +122,11 @@ class DistributedDataParallel {
  private:
   struct Bucket;
   struct GradientReady;  ///< the post-hook on each parameter's AccumulateGrad
+  struct Pass {          ///< one reducing backward pass; owned by its callback on the engine
+    DistributedDataParallel* ddp = nullptr;
+    bool reduced = false;
+    ~Pass();               ///< dropped unrun (backward threw): ddp->abandon_pass()
+  };
   void verify_same_model();
   void broadcast_tensors(const std::vector<torch::Tensor>& tensors);
   void on_gradient(size_t param);
@@ -122,6 +134,10 @@ class DistributedDataParallel {
   void launch_ready_buckets(bool at_end);
   void launch(Bucket& b);
   void poll_launched();
+  void finish_reduction();
+  void abandon_pass() noexcept;
+  void rethrow_abandoned_error();
+  void reset_buckets();
 
   std::shared_ptr<torch::nn::Module> module_;
   ProcessGroup& pg_;
@@ -136,6 +152,9 @@ class DistributedDataParallel {
   std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> hooks_;  ///< accumulator, hook key
   size_t next_to_launch_ = 0;
   bool sync_ = true;
+  std::weak_ptr<Pass> pass_;    ///< the pass under way, if any
+  std::exception_ptr abandoned_error_;  ///< raised while settling a pass that threw; rethrown next
+  int64_t steps_seen_ = 0;      ///< stats_.steps at the last finish_backward()
   DdpStats stats_;
   std::unique_ptr<Timeline> timeline_;
 };

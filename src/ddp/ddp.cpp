@@ -1,11 +1,14 @@
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/error.hpp>
 
+#include <torch/csrc/autograd/engine.h>
+
 #include <algorithm>
 #include <map>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
+#include <utility>
 
 namespace mpiddp {
 
@@ -152,6 +155,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
+  if (auto pass = pass_.lock()) pass->ddp = nullptr;  // a callback that outlives us must not call back
   for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
 }
 
@@ -225,13 +229,30 @@ void DistributedDataParallel::prepare_forward() {
   broadcast_tensors(buffers_);
 }
 
+DistributedDataParallel::Pass::~Pass() {
+  if (!reduced && ddp != nullptr) ddp->abandon_pass();
+}
+
 void DistributedDataParallel::on_gradient(size_t param) {
   if (!sync_) return;  // no_sync: AccumulateGrad summed into .grad (the bucket after a first step)
+  auto pass = pass_.lock();
+  if (!pass || pass->reduced) {
+    // The first gradient of a backward pass that reduces: the reduction is queued on the autograd
+    // engine, which runs it once the whole graph is done, before loss.backward() returns
+    // (PyTorch's reducer does the same). The Pass lives inside that callback: if backward throws,
+    // autograd drops the callback unrun, and the Pass's destructor settles what was launched.
+    rethrow_abandoned_error();
+    pass = std::make_shared<Pass>();
+    pass->ddp = this;
+    pass_ = pass;
+    torch::autograd::Engine::get_default_engine().queue_callback([this, pass] {
+      pass->reduced = true;  // also when finish_reduction throws: the error travels with backward's
+      finish_reduction();
+    });
+  }
   auto [b, slot] = where_[param];
   Bucket& bucket = *buckets_[b];
-  MPIDDP_CHECK(!bucket.ready[slot], "parameter '" + names_[param] +
-                                        "' received a gradient twice in one step; call finish_backward() "
-                                        "(or ddp.backward(loss)) once after each backward");
+  MPIDDP_CHECK(!bucket.ready[slot], "parameter '" + names_[param] + "' received a gradient twice in one backward pass");
   // AccumulateGrad has run. When .grad is the bucket's view it added in place and there is nothing
   // to do; otherwise (the first step, .grad cleared to undefined, or a tensor set by the user)
   // .grad is copied into the bucket and becomes the view.
@@ -239,6 +260,40 @@ void DistributedDataParallel::on_gradient(size_t param) {
   bucket.ready[slot] = true;
   if (--bucket.pending == 0) launch_ready_buckets(false);
   poll_launched();
+}
+
+void DistributedDataParallel::abandon_pass() noexcept {
+  // A backward pass threw after some gradients arrived, and autograd is unwinding. What it
+  // launched is finished here, before the caller can touch the gradients (every rank that threw
+  // at the same point launched the same buckets in the same order); the buckets then hold partial
+  // sums, which the next step is expected to zero. An error while waiting is kept for the next
+  // call into DDP: a destructor must not throw.
+  try {
+    for (size_t k = 0; k < next_to_launch_; ++k) buckets_[k]->work->wait();
+  } catch (...) {
+    abandoned_error_ = std::current_exception();
+  }
+  try {
+    reset_buckets();
+  } catch (...) {
+    if (!abandoned_error_) abandoned_error_ = std::current_exception();
+  }
+  ++stats_.aborted_passes;
+}
+
+void DistributedDataParallel::rethrow_abandoned_error() {
+  if (auto e = std::exchange(abandoned_error_, nullptr)) std::rethrow_exception(e);
+}
+
+void DistributedDataParallel::reset_buckets() {
+  for (auto& b : buckets_) {
+    std::fill(b->ready.begin(), b->ready.end(), false);
+    b->pending = b->ready.size();
+    b->work.reset();
+    b->wire = torch::Tensor();
+    b->completed = {};
+  }
+  next_to_launch_ = 0;
 }
 
 void DistributedDataParallel::adopt_gradient(size_t param) {
@@ -254,6 +309,7 @@ void DistributedDataParallel::adopt_gradient(size_t param) {
 }
 
 void DistributedDataParallel::zero_grad() {
+  rethrow_abandoned_error();
   torch::NoGradGuard no_grad;
   for (auto& b : buckets_) b->flat.zero_();
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -306,36 +362,52 @@ void DistributedDataParallel::launch_ready_buckets(bool at_end) {
 }
 
 void DistributedDataParallel::backward(const torch::Tensor& loss) {
+  const int64_t before = stats_.steps;
   {
     ScopedSpan span(timeline_.get(), "backward");
     loss.backward();
   }
+  steps_seen_ = before;
   finish_backward();
 }
 
 void DistributedDataParallel::finish_backward() {
   if (!sync_) return;
-  launch_ready_buckets(true);
+  rethrow_abandoned_error();
+  // A pass whose gradients reached no parameter queued no reduction; this rank still has to take
+  // part in the one the other ranks make (zeros, launched in bucket order).
+  if (stats_.steps == steps_seen_) finish_reduction();
+  steps_seen_ = stats_.steps;
+}
+
+void DistributedDataParallel::finish_reduction() {
   const double n = pg_.size();
   torch::NoGradGuard no_grad;
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    Bucket& b = *buckets_[k];
-    b.work->wait();
-    if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
-    if (timeline_->enabled()) {
-      timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, b.completed);
+  try {
+    launch_ready_buckets(true);
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      Bucket& b = *buckets_[k];
+      b.work->wait();
+      if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
+      if (timeline_->enabled()) {
+        timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, b.completed);
+      }
+      if (options_.compression) b.flat.copy_(b.wire);
+      b.flat.div_(n);  // each .grad is its view of the bucket: it now holds the average
     }
-    if (options_.compression) b.flat.copy_(b.wire);
-    b.flat.div_(n);
-    // Each .grad is its view of the bucket: it holds the average.
-    std::fill(b.ready.begin(), b.ready.end(), false);
-    b.pending = b.ready.size();
-    b.work.reset();
-    b.wire = torch::Tensor();
-    b.completed = {};
+  } catch (...) {
+    reset_buckets();  // a failed or timed-out collective: the error goes out of backward, DDP stays usable
+    throw;
   }
-  next_to_launch_ = 0;
+  reset_buckets();
   ++stats_.steps;
+  // Buffers (BatchNorm running statistics) follow rank 0 after every reducing pass, so no rank
+  // needs a call before its forward (as PyTorch DDP's broadcast before forward: in training mode
+  // the forward uses batch statistics, and in evaluation mode every rank holds rank 0's).
+  if (options_.broadcast_buffers && !buffers_.empty() && pg_.size() > 1) {
+    ScopedSpan span(timeline_.get(), "broadcast buffers", "comm");
+    broadcast_tensors(buffers_);
+  }
 }
 
 }  // namespace mpiddp

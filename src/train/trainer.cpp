@@ -600,7 +600,6 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       const Example e = batch_at(indices, s);
       p.lr = lr_at(p.global_step, p.epoch, total_steps);
       for (auto& group : opt->param_groups()) group.options().set_lr(p.lr);
-      ddp.prepare_forward();
       auto out = model_->forward(e.inputs.to(device_));
       auto y = e.targets.to(device_);
       auto loss = classes ? torch::nn::functional::cross_entropy(out, y) : torch::mse_loss(out, y);

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <optional>
 
 #include "mpi_test.hpp"
 
@@ -119,7 +120,10 @@ struct RunSpec {
   // place), ddp.zero_grad(), every .grad reset to undefined (zero_grad(set_to_none) in libtorch 2),
   // or not at all (both runs then accumulate gradients across steps).
   enum class Zero { kOptimizer, kDdp, kSetToNone, kNever } zero = Zero::kOptimizer;
-  bool direct_backward = false;  // loss.backward() + ddp.finish_backward() instead of ddp.backward(loss)
+  // How backward is called: the plain PyTorch way (loss.backward() alone), ddp.backward(loss), or
+  // loss.backward() followed by ddp.finish_backward() (the API before reductions completed inside
+  // backward; still accepted).
+  enum class Api { kPlain, kDdpBackward, kFinishBackward } api = Api::kPlain;
 };
 
 template <typename Model>
@@ -165,16 +169,16 @@ double ddp_vs_single(const RunSpec& spec, Make make, mpiddp::DdpStats* stats = n
     // DDP: micro-batch m of rank r is rows [(m*n + r)*B, +B) of the global batch.
     for (int m = 0; m < spec.accumulation; ++m) {
       const Batch micro = shard(all, m * n + r, kBatch);
-      ddp.prepare_forward();
       auto loss = loss_of(model, micro, spec.images) / spec.accumulation;
-      if (m + 1 < spec.accumulation) {
-        auto guard = ddp.no_sync();
-        ddp.backward(loss);
-      } else if (spec.direct_backward) {
-        loss.backward();
-        ddp.finish_backward();
-      } else {
-        ddp.backward(loss);
+      std::optional<mpiddp::DistributedDataParallel::NoSync> guard;
+      if (m + 1 < spec.accumulation) guard.emplace(&ddp);
+      switch (spec.api) {
+        case RunSpec::Api::kPlain: loss.backward(); break;
+        case RunSpec::Api::kDdpBackward: ddp.backward(loss); break;
+        case RunSpec::Api::kFinishBackward:
+          loss.backward();
+          ddp.finish_backward();
+          break;
       }
     }
     opt->step();
@@ -234,17 +238,18 @@ TEST(Ddp, EveryWayOfClearingGradientsMatchesSingleProcess) {
   // summed over steps) must give the single process's parameters, with plain steps and with
   // no_sync accumulation, through ddp.backward() and through loss.backward() + finish_backward().
   using Z = RunSpec::Zero;
+  using A = RunSpec::Api;
   for (Z zero : {Z::kOptimizer, Z::kDdp, Z::kSetToNone, Z::kNever}) {
     for (int accumulation : {1, 2}) {
-      for (bool direct : {false, true}) {
+      for (A api : {A::kPlain, A::kDdpBackward, A::kFinishBackward}) {
         RunSpec spec;
         spec.zero = zero;
         spec.accumulation = accumulation;
-        spec.direct_backward = direct;
+        spec.api = api;
         spec.lr = 0.02;
         const double err = ddp_vs_single(spec, [] { return Mlp(32, /*with_unused=*/true); });
         EXPECT_LE(err, 1e-5) << "zero " << static_cast<int>(zero) << " accumulation " << accumulation
-                             << " direct " << direct;
+                             << " api " << static_cast<int>(api);
         MPIDDP_EXPECT_ALL(err <= 1e-5);
       }
     }
@@ -292,6 +297,63 @@ TEST(Ddp, UnusedParameterDoesNotHang) {
   MPIDDP_EXPECT_ALL(err <= 1e-5 && stats.buckets_launched_at_end > 0);
 }
 
+// Passes its input through in forward and throws in backward: a backward pass that fails midway,
+// after the layers above it have delivered their gradients (and their buckets may be in flight).
+struct ThrowInBackward : torch::autograd::Function<ThrowInBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 const torch::autograd::variable_list&) {
+    throw std::runtime_error("backward failed on purpose");
+  }
+};
+
+TEST(Ddp, BackwardThatThrowsLeavesDdpUsable) {
+  // The plain PyTorch loop; at step 2 backward throws on every rank after fc3's gradients arrived
+  // (small buckets: fc3's are launched before the throw). The caller catches, skips the step and
+  // goes on; the result must equal one process that never took step 2.
+  auto& pg = group("mpi");
+  const int r = pg.rank(), n = pg.size();
+  constexpr int kThrowAt = 2, kTotal = 5;
+  torch::manual_seed(7);
+  Mlp model;
+  torch::manual_seed(7);
+  Mlp reference;
+  mpiddp::DdpOptions o;
+  o.bucket_cap_bytes = o.first_bucket_cap_bytes = 256;
+  mpiddp::DistributedDataParallel ddp(model.ptr(), pg, o);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  bool threw = false, settled = false;
+  for (int step = 0; step < kTotal; ++step) {
+    const Batch all = global_batch(step, kBatch * n, false);
+    const Batch mine = shard(all, r, kBatch);
+    opt.zero_grad();
+    if (step == kThrowAt) {
+      const int64_t launched_before = ddp.stats().buckets_launched_early;
+      auto h = ThrowInBackward::apply(torch::relu(model->fc2(torch::relu(model->fc1(mine.x)))));
+      try {
+        torch::mse_loss(model->fc3(h), mine.y).backward();
+      } catch (const std::exception& e) {
+        threw = std::string(e.what()).find("backward failed on purpose") != std::string::npos;
+      }
+      // Settled while autograd unwound, before the caller touches a gradient.
+      // fc3's buckets were in flight when it threw.
+      settled = ddp.stats().aborted_passes == 1 && ddp.stats().buckets_launched_early > launched_before;
+      continue;
+    }
+    loss_of(model, mine, false).backward();
+    opt.step();
+    ref_opt.zero_grad();
+    loss_of(reference, all, false).backward();
+    ref_opt.step();
+  }
+  const double err = max_rel_error(*model, *reference);
+  EXPECT_TRUE(threw);
+  EXPECT_TRUE(settled);
+  EXPECT_LE(err, 1e-5);
+  MPIDDP_EXPECT_ALL(threw && settled && err <= 1e-5 && ddp.stats().steps == kTotal - 1);
+}
+
 TEST(Ddp, FrozenParametersSkippedConsistently) {
   RunSpec spec;
   const double err = ddp_vs_single(spec, [] { return Mlp(32, false, /*freeze_first=*/true); });
@@ -332,7 +394,7 @@ TEST(Ddp, BatchNormMatchesPerShardStatistics) {
   // What holds for BatchNorm: each rank normalises with its own shard's batch statistics (as
   // PyTorch DDP without SyncBatchNorm), so the reference is one process that runs each shard
   // through the model separately and averages the losses; running statistics are rank 0's,
-  // broadcast before every forward, so the reference keeps those of shard 0.
+  // broadcast at the end of every reducing backward, so the reference keeps those of shard 0.
   auto& pg = group("mpi");
   const int r = pg.rank(), n = pg.size();
   torch::manual_seed(7);
@@ -345,10 +407,9 @@ TEST(Ddp, BatchNormMatchesPerShardStatistics) {
   torch::Tensor stats_after_shard0_mean, stats_after_shard0_var;
   for (int step = 0; step < kSteps; ++step) {
     const Batch all = global_batch(step, kBatch * n, false);
-    ddp.prepare_forward();
-    ddp.backward(loss_of(model, shard(all, r, kBatch), false));
-    opt.step();
     opt.zero_grad();
+    loss_of(model, shard(all, r, kBatch), false).backward();  // no DDP call: buffers follow rank 0 by themselves
+    opt.step();
 
     torch::Tensor ref_loss;
     for (int q = 0; q < n; ++q) {
@@ -370,12 +431,10 @@ TEST(Ddp, BatchNormMatchesPerShardStatistics) {
   }
   const double err = max_rel_error(*model, *reference);
   EXPECT_LE(err, 1e-5);
-  // After the last step each rank's running stats include its own last shard; rank 0's match.
-  bool stats_ok = true;
-  if (r == 0) {
-    stats_ok = torch::allclose(model->bn->running_mean, reference->bn->running_mean, 1e-5, 1e-6) &&
-               torch::allclose(model->bn->running_var, reference->bn->running_var, 1e-5, 1e-6);
-  }
+  // Every reducing backward ends with rank 0's buffers on every rank: after the last step all
+  // ranks hold the statistics of shard 0, as the reference does.
+  const bool stats_ok = torch::allclose(model->bn->running_mean, reference->bn->running_mean, 1e-5, 1e-6) &&
+                        torch::allclose(model->bn->running_var, reference->bn->running_var, 1e-5, 1e-6);
   EXPECT_TRUE(stats_ok);
   MPIDDP_EXPECT_ALL(err <= 1e-5 && stats_ok);
 }
