@@ -7,7 +7,7 @@
 #          scripts/chroot.sh --suite trixie -- bash scripts/build.sh build-trixie
 #
 # The chroot is made once by debootstrap from the mirror this machine's apt uses (~3 GB, ~10 min)
-# and reused while its package list is unchanged (DIR/.mpiddp-packages). proc, sys, dev, a tmpfs on
+# and reused; scripts/deps.sh, run inside it, installs what it lacks (only that). proc, sys, dev, a tmpfs on
 # dev/shm and the repository are mounted for the command and unmounted on every exit (trap), and a
 # lock keeps two runs from mounting the same chroot at once. Needs root.
 # Environment: MPIDDP_CHROOT_ROOT (where chroots live, default /var/cache/mpiddp).
@@ -27,14 +27,6 @@ done
 [ $# -gt 0 ] || { echo "chroot.sh: error: no command given (usage: scripts/chroot.sh [--suite S] [--dir D] -- CMD...)" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "chroot.sh: error: needs root (debootstrap, mount, chroot)" >&2; exit 1; }
 dir=${dir:-${MPIDDP_CHROOT_ROOT:-/var/cache/mpiddp}/chroot-$suite}
-
-# What mpiddp needs there: the same list as scripts/deps.sh, plus the Python peer for the
-# benchmarks and the export tests.
-packages=(build-essential cmake ninja-build git python3 hostname procps ca-certificates
-  openmpi-bin libopenmpi-dev libtorch-dev libgloo-dev libhdf5-openmpi-dev hdf5-tools
-  libboost-program-options-dev zlib1g-dev nlohmann-json3-dev libgtest-dev
-  python3-h5py python3-torch dataset-fashion-mnist)
-want=$(printf '%s\n' "${packages[@]}" | sort | tr '\n' ' ')
 
 # The mirror this machine's apt already uses (deb822 or one-line format).
 mirror() {
@@ -90,21 +82,16 @@ if [ ! -x "$dir/usr/bin/apt-get" ]; then
   echo 'APT::Install-Recommends "false";' > "$dir/etc/apt/apt.conf.d/99mpiddp-no-recommends"
 fi
 mount_base
-if [ "$(cat "$dir/.mpiddp-packages" 2>/dev/null)" != "$want" ]; then
-  echo "chroot.sh: installing mpiddp's packages in the $suite chroot"
-  cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
-  in_chroot apt-get update -q > "$dir.apt.log" 2>&1 || { tail -20 "$dir.apt.log" >&2; exit 1; }
-  in_chroot env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >> "$dir.apt.log" 2>&1 ||
-    { tail -30 "$dir.apt.log" >&2; echo "chroot.sh: error: apt-get install in the $suite chroot failed" >&2; exit 1; }
-  in_chroot apt-get clean
-  echo "$want" > "$dir/.mpiddp-packages"
-fi
 mount_at "$dir$repo" --bind "$repo"
 # CUDA and NCCL are not Debian packages: the host's, where present, so the nccl backend builds there too.
 if [ -d /usr/local/cuda ]; then
   mount_at "$dir/usr/local/cuda" --bind "$(readlink -f /usr/local/cuda)"
   mount -o remount,bind,ro "$dir/usr/local/cuda" 2>/dev/null || true
 fi
+# The packages mpiddp needs, as on the host, plus the Python peer of the benchmarks.
+cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+in_chroot bash "$repo/scripts/deps.sh" python3-torch python3-h5py > "$dir.apt.log" 2>&1 ||
+  { tail -30 "$dir.apt.log" >&2; echo "chroot.sh: error: installing mpiddp's packages in the $suite chroot failed (log: $dir.apt.log)" >&2; exit 1; }
 set +e
 in_chroot /bin/bash -c 'cd "$0" && exec "$@"' "$repo" "$@"
 rc=$?
