@@ -8,7 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stack=$1 build=$2 round=$3 out=$4
 source scripts/env.sh
-export USE_LIBUV=0  # PyTorch 2.x's TCPStore defaults to libuv, which Debian's build lacks
 py=/usr/bin/python3  # Debian's, with python3-torch and python3-h5py (python3 on PATH may be another)
 torch_version=$($py -c 'import torch; print(torch.__version__)')
 mpiddp=$build/mpiddp hand=$build/bench/mpiddp_handwritten_ddp

@@ -4,7 +4,8 @@
 #   CMAKE_CXX_STANDARD      17 where libtorch's headers accept C++17, 20 where they demand it
 #                           (ATen.h of libtorch 2.14+ stops with "#error C++20 or later ...").
 #                           A value the user gives (-DCMAKE_CXX_STANDARD=20) is kept, and checked.
-#   mpiddp_gloo_dtypes(INCLUDE_DIR)   sets MPIDDP_GLOO_HALF and MPIDDP_GLOO_BFLOAT16 (0/1).
+#   mpiddp_gloo_dtypes(INCLUDE_DIR)   sets MPIDDP_GLOO_HALF and MPIDDP_GLOO_BFLOAT16 (1 yes, 0 no,
+#                                     -1 gloo does not say: compat.hpp decides).
 
 # Preprocesses one line including libtorch's umbrella header at C++<std>: the #error that newer
 # headers raise for an older standard fires here in about a second, with no compile or link.
@@ -52,7 +53,7 @@ message(STATUS "mpiddp: C++${CMAKE_CXX_STANDARD} (the lowest standard libtorch $
 # config.h defines GLOO_USE_TORCH_DTYPES (0 or 1) since gloo learned torch's dtypes; Debian's is 0
 # and c10d then refuses both ("Invalid scalar type"). Older gloo (no such macro) carries float16
 # as gloo::float16 and c10d added bfloat16 on its own from libtorch 2.1: that last case is the one
-# gate that only a version can tell (MPIDDP_TORCH_GLOO_BF16_BY_VERSION in compat.hpp).
+# gate that only a version can tell (MPIDDP_GLOO_HAS_BFLOAT16 in compat.hpp).
 function(mpiddp_gloo_dtypes include_dir)
   file(STRINGS ${include_dir}/gloo/config.h line REGEX "^#define GLOO_USE_TORCH_DTYPES[ \t]+[0-9]")
   if(line)

@@ -9,7 +9,6 @@
 
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #define MPIDDP_TORCH_VERSION_AT_LEAST(major, minor) \

@@ -15,7 +15,7 @@
 // The reduction completes inside backward: the first gradient hook of a pass queues a callback
 // on the autograd engine that launches what is left, waits for every bucket, averages and
 // re-broadcasts buffers from rank 0, before loss.backward() returns. A backward that throws
-// leaves DDP usable: the next pass (or zero_grad()) finishes what the aborted one launched.
+// leaves DDP usable: what the aborted pass launched is finished while autograd unwinds.
 // After a step each parameter's .grad is a view of its bucket (as PyTorch DDP's
 // gradient_as_bucket_view): keep a copy, not the tensor, to hold a gradient past the next step.
 // Inside `auto guard = ddp.no_sync();` backward accumulates locally without communication.
