@@ -81,11 +81,18 @@ class DistributedDataParallel {
   /// parameter names, shapes and dtypes (else mpiddp::Error on every rank naming the first
   /// difference). Collective.
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup& pg, DdpOptions options = {});
+  /// The same for a model given as its named parameters and buffers (a TorchScript module, a
+  /// mpiddp::Model): parameters with requires_grad are reduced, the others and the buffers are
+  /// broadcast from rank 0.
+  DistributedDataParallel(const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+                          const std::vector<std::pair<std::string, torch::Tensor>>& buffers, ProcessGroup& pg,
+                          DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  torch::nn::Module& module() { return *module_; }
+  /// The module given to the constructor (nullptr when built from named tensors).
+  std::shared_ptr<torch::nn::Module> module() const { return module_; }
   ProcessGroup& process_group() { return pg_; }
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
   const DdpStats& stats() const { return stats_; }
@@ -127,6 +134,8 @@ class DistributedDataParallel {
     bool reduced = false;
     ~Pass();               ///< dropped unrun (backward threw): ddp->abandon_pass()
   };
+  void setup(const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+             const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
   void verify_same_model();
   void broadcast_tensors(const std::vector<torch::Tensor>& tensors);
   void on_gradient(size_t param);

@@ -1,58 +1,87 @@
-// Trainer: epochs of DDP training over an HDF5 dataset, evaluation, LR schedule and metrics.
-// `mpiddp train` is a thin CLI over it.
+// Trainer: data-parallel training of any mpiddp::Model (a C++ module or a TorchScript module) over
+// HDF5 datasets, with the user's optimizer and loss, and everything `mpiddp train` has: snapshots
+// with bitwise resume, stop signals, NaN/Inf agreement across ranks, learning-rate schedules,
+// evaluation, metrics. `mpiddp train` is a client of this API.
+//
+// What the Trainer does to process-wide state, and nothing else:
+//  - fit() installs handlers for SIGTERM and SIGUSR1 while it runs (TrainerOptions::stop_signals,
+//    default on), so that Slurm's preemption signal stops every rank at one step boundary; the
+//    previous handlers come back when fit() returns, unless such a signal came.
+//  - Snapshots hold each rank's global CPU RNG state (and the CUDA one when training there), and
+//    resuming restores it.
+//  - It sets no seed and no thread count (torch::manual_seed, torch::set_num_threads are the
+//    caller's) and touches the optimizer only through step(), its state (resume) and, with an
+//    lr_schedule, its learning rates.
 #pragma once
 
 #include <mpiddp/data.hpp>
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/model.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace mpiddp {
 
-struct TrainConfig {
-  std::string model = "cnn";  ///< linear | mlp | cnn
-  std::string data, test_data;
+/// Where a step stands, for learning-rate schedules.
+struct StepInfo {
+  int64_t global_step = 0;  ///< optimizer steps taken before this one, in all
+  int64_t epoch = 0;        ///< 0-based
+  int64_t total_steps = 0;  ///< steps the whole run will take
+};
+/// A learning-rate schedule: the factor applied to each parameter group's initial learning rate.
+using LrSchedule = std::function<double(const StepInfo&)>;
+/// x gamma every `step_size` epochs.
+LrSchedule step_lr(int64_t step_size, double gamma);
+/// Cosine decay from 1 to 0 over the run's steps.
+LrSchedule cosine_lr();
+/// `schedule` (nullptr: constant) with a linear warmup from 1/warmup_steps over the first steps.
+LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps);
+
+/// loss(outputs, targets) -> scalar, the mean over the batch.
+using LossFn = std::function<torch::Tensor(const torch::Tensor& outputs, const torch::Tensor& targets)>;
+/// Cross-entropy for class labels, mean squared error for regression targets.
+LossFn default_loss(const DatasetInfo& data);
+
+struct TrainerOptions {
+  std::string data;           ///< training set (HDF5, see `mpiddp data`)
+  std::string test_data;      ///< evaluated after each epoch ("" : none)
   int64_t epochs = 1;
   int64_t max_steps = 0;      ///< stop after this many optimizer steps in all (0: no cap)
   int64_t batch_size = 64;    ///< per rank
-  double lr = 0.01;
-  std::string optimizer = "sgd";  ///< sgd | adam | adamw
-  double momentum = 0.0;
-  double weight_decay = 0.0;
-  std::string schedule = "none";  ///< none | step | cosine
-  int64_t step_size = 1;          ///< step schedule: epochs between decays
-  double gamma = 0.1;             ///< step schedule: decay factor
-  int64_t warmup_steps = 0;       ///< linear warmup from lr/warmup_steps
-  uint64_t seed = 0;
+  uint64_t seed = 0;          ///< the sampler's shuffle
   bool shuffle = true;
   bool drop_last = false;
-  std::string device = "cpu";     ///< cpu | cuda
-  std::string backend = "mpi";    ///< mpi | nccl | gloo
-  int threads = 0;                ///< intra-op threads per rank; 0: the cores this rank owns
-  std::string metrics_path;       ///< JSON lines, one per epoch (rank 0)
   int64_t cache_bytes = int64_t{512} << 20;  ///< datasets up to this size are read into memory once
+  c10::Device device = c10::kCPU;  ///< where the model trains (it is moved there)
+  LossFn loss;                ///< nullptr: default_loss(data)
+  LrSchedule lr_schedule;     ///< nullptr: the optimizer's learning rates stay as they are
+  std::string metrics_path;   ///< JSON lines, one per epoch (rank 0)
   // Snapshots (see checkpoint.hpp): written by rank 0, read by rank 0 and broadcast.
-  std::string snapshot_dir;       ///< "": no snapshots
-  int64_t save_every = 1;         ///< epochs between snapshots (0: none at epoch ends)
-  int64_t save_every_steps = 0;   ///< steps between snapshots (0: none mid-epoch)
-  int keep = 3;                   ///< snapshots kept in snapshot_dir (0: all)
-  std::string resume = "auto";    ///< auto (newest valid in snapshot_dir) | never | a snapshot file
-  std::string on_nan = "stop";    ///< NaN/Inf loss: stop (an error naming the step) | skip (that step's update)
+  std::string snapshot_dir;   ///< "" : no snapshots
+  int64_t save_every = 1;     ///< epochs between snapshots (0: only at the end)
+  int64_t save_every_steps = 0;  ///< steps between snapshots (0: none mid-epoch)
+  int keep = 3;               ///< snapshots kept in snapshot_dir (0: all)
+  std::string resume = "auto";   ///< auto (newest valid in snapshot_dir) | never | a snapshot file
+  bool skip_nonfinite_loss = false;  ///< NaN/Inf loss: skip that step's update (false: throw)
+  bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
+  std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
   DdpOptions ddp;
 };
 
 struct EpochMetrics {
-  int64_t epoch = 0, steps = 0, global_step = 0;
+  int64_t epoch = 0;          ///< 1-based: the first epoch is epoch 1 everywhere mpiddp prints one
+  int64_t steps = 0, global_step = 0;
   double train_loss = 0, test_loss = -1, test_accuracy = -1;  ///< -1: no test data / regression
   double samples_per_s = 0, seconds = 0, lr = 0;
   double first_step_unix_s = 0;  ///< wall clock (Unix seconds) when this run's first step ended; first epoch only
-  int64_t skipped_steps = 0;     ///< steps whose update was skipped for a NaN/Inf loss (--on-nan skip)
+  int64_t skipped_steps = 0;     ///< steps whose update was skipped for a NaN/Inf loss
 };
 
 /// How fit() ended.
@@ -64,48 +93,51 @@ struct FitResult {
   std::string last_snapshot;    ///< the newest snapshot this run wrote ("" : none)
 };
 
-/// Builds a model for the dataset: linear = one Linear layer (the seeds' Linear(20, 1));
-/// mlp = Flatten, Linear(in, 128), ReLU, Linear(128, 64), ReLU, Linear(64, out); cnn = PyTorch's
-/// MNIST example network (needs [1, 28, 28] inputs and 10 classes).
-torch::nn::Sequential make_model(const std::string& name, const DatasetInfo& data);
-
 class Trainer {
  public:
-  /// Checks the configuration and opens the datasets on this rank; throws mpiddp::Error with a
-  /// one-line reason on bad input. Calls no collective (safe in a local phase).
-  Trainer(const Runtime& runtime, TrainConfig config);
+  /// Checks the options, opens the datasets and runs the model once on two samples (evaluation
+  /// mode, no gradient: no state changes) to check its outputs against the targets; throws
+  /// mpiddp::Error with a one-line reason on bad input. Calls no collective. The optimizer must
+  /// hold the model's parameters.
+  Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model> model,
+          std::shared_ptr<torch::optim::Optimizer> optimizer, TrainerOptions options);
   ~Trainer();
 
-  /// Trains (collective), resuming from a snapshot as config().resume says. `on_epoch` runs on
+  /// Trains (collective), resuming from a snapshot as options().resume says. `on_epoch` runs on
   /// every rank after each epoch; `lines` receives the text every rank reports
-  /// ("[RANK r] Epoch e | Batchsize: b | Steps: s"), gathered in rank order on rank 0.
-  /// SIGTERM or SIGUSR1 on any rank stops every rank at the same step boundary, after a snapshot
-  /// when snapshot_dir is set. Failures the ranks agree on (bad snapshot, NaN loss, unwritable
-  /// snapshot) throw mpiddp::AgreedError on every rank.
+  /// ("[RANK r] Epoch e | Batchsize: b | Steps: s"), gathered in rank order on rank 0. `on_note`
+  /// receives rank 0's notes (resumed from, skipped steps, stop). SIGTERM or SIGUSR1 on any rank
+  /// stops every rank at the same step boundary, after a snapshot when snapshot_dir is set.
+  /// Failures the ranks agree on (bad snapshot, NaN loss, unwritable snapshot) throw
+  /// mpiddp::AgreedError on every rank.
   FitResult fit(const std::function<void(const EpochMetrics&, const std::vector<std::string>&)>& on_epoch = nullptr,
                 const std::function<void(const std::string&)>& on_note = nullptr);
 
-  torch::nn::Sequential model() const { return model_; }
-  const TrainConfig& config() const { return config_; }
-  int threads() const { return threads_; }
+  Model& model() { return *model_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const TrainerOptions& options() const { return options_; }
+  const DatasetInfo& data_info() const;
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
 
  private:
   struct Progress;
-  double lr_at(int64_t global_step, int64_t epoch, int64_t total_steps) const;
   std::string fingerprint() const;
-  std::string config_json() const;
-  std::optional<Progress> restore(torch::optim::Optimizer& opt,
-                                  const std::function<void(const std::string&)>& note, std::string* from);
-  std::string save(const torch::optim::Optimizer& opt, const Progress& p);
-  std::pair<double, double> evaluate(ProcessGroup& pg);
+  std::optional<Progress> restore(const std::function<void(const std::string&)>& note, std::string* from);
+  std::string save(const Progress& p);
+  std::pair<double, double> evaluate();
+  void set_lr(const StepInfo& at);
 
   const Runtime& runtime_;
-  TrainConfig config_;
+  ProcessGroup& pg_;
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  TrainerOptions options_;
   std::unique_ptr<H5Dataset> train_, test_;
-  torch::nn::Sequential model_{nullptr};
-  c10::Device device_{c10::kCPU};
-  int threads_ = 1;
+  std::vector<double> base_lrs_;  ///< each parameter group's learning rate when the Trainer was made
   int64_t steps_per_epoch_ = 0;
 };
+
+/// The model's parameters (for building an optimizer).
+std::vector<torch::Tensor> parameters(const Model& model);
 
 }  // namespace mpiddp

@@ -54,5 +54,6 @@ int run_info(Runtime& runtime, const std::vector<std::string>& args);
 int run_bench(Runtime& runtime, const std::vector<std::string>& args);
 int run_data(Runtime& runtime, const std::vector<std::string>& args);
 int run_train(Runtime& runtime, const std::vector<std::string>& args);
+int run_export(Runtime& runtime, const std::vector<std::string>& args);
 
 }  // namespace mpiddp::app

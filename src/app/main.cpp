@@ -18,7 +18,9 @@ const std::vector<mpiddp::app::Command>& commands() {
        mpiddp::app::run_info},
       {"bench", "collective time and bandwidth per size, nccl-tests style (mpi, nccl, gloo)",
        mpiddp::app::run_bench},
-      {"train", "data-parallel training of a built-in model on an HDF5 dataset", mpiddp::app::run_train},
+      {"train", "data-parallel training of a built-in model or a TorchScript file on an HDF5 dataset",
+       mpiddp::app::run_train},
+      {"export", "write a snapshot's model for Python (TorchScript module or state_dict)", mpiddp::app::run_export},
       {"data", "write datasets in mpiddp's HDF5 layout (fashion-mnist, mnist, synthetic)", mpiddp::app::run_data},
   };
   return list;

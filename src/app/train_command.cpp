@@ -1,28 +1,115 @@
-// `mpiddp train`: DDP training of a built-in model on an HDF5 dataset. Options come from the
-// command line, then --config FILE, then MPIDDP_* variables (see cli.hpp).
+// `mpiddp train`: DDP training of a built-in model or a TorchScript file on an HDF5 dataset, a thin
+// client of mpiddp::Trainer. Options come from the command line, then --config FILE, then
+// MPIDDP_* variables (see cli.hpp).
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
-#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "app/cli.hpp"
+#include "app/models.hpp"
 
 namespace mpiddp::app {
 
+namespace {
+
+// What the command line says, before it becomes a model, an optimizer and TrainerOptions.
+struct TrainConfig {
+  std::string model = "cnn", loss = "auto", optimizer = "sgd", schedule = "none", device = "cpu", backend = "mpi";
+  std::string on_nan = "stop", compression = "none";
+  double lr = 0.01, momentum = 0, weight_decay = 0, gamma = 0.1;
+  double bucket_mb = 25, first_bucket_mb = 1, cache_mb = 512;
+  int64_t step_size = 1, warmup_steps = 0;
+  int threads = 0;
+  TrainerOptions t;
+};
+
+void check_config(const Runtime& runtime, const TrainConfig& c) {
+  const auto& t = c.t;
+  MPIDDP_CHECK(t.epochs > 0, "--epochs must be > 0, got " + std::to_string(t.epochs));
+  MPIDDP_CHECK(t.batch_size > 0, "--batch-size must be > 0, got " + std::to_string(t.batch_size));
+  MPIDDP_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be > 0, got " + std::to_string(c.lr));
+  MPIDDP_CHECK(t.max_steps >= 0, "--max-steps must be >= 0");
+  MPIDDP_CHECK(c.momentum >= 0 && c.weight_decay >= 0, "--momentum and --weight-decay must be >= 0");
+  MPIDDP_CHECK(c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw",
+               "unknown --optimizer '" + c.optimizer + "' (sgd, adam, adamw)");
+  MPIDDP_CHECK(c.schedule == "none" || c.schedule == "step" || c.schedule == "cosine",
+               "unknown --lr-schedule '" + c.schedule + "' (none, step, cosine)");
+  MPIDDP_CHECK(c.step_size > 0 && c.gamma > 0 && c.warmup_steps >= 0, "bad schedule parameters");
+  MPIDDP_CHECK(c.loss == "auto" || c.loss == "cross-entropy" || c.loss == "mse",
+               "unknown --loss '" + c.loss + "' (auto, cross-entropy, mse)");
+  MPIDDP_CHECK(c.device == "cpu" || c.device == "cuda", "unknown --device '" + c.device + "' (cpu, cuda)");
+  MPIDDP_CHECK(c.threads >= 0, "--threads must be >= 0");
+  const auto built = available_backends();
+  MPIDDP_CHECK(std::find(built.begin(), built.end(), c.backend) != built.end(),
+               "backend '" + c.backend + "' is not built into this mpiddp");
+  if (c.device == "cuda") {
+    MPIDDP_CHECK(torch::cuda::is_available() && runtime.device().is_cuda(),
+                 "--device cuda: this libtorch has no CUDA or no GPU is visible");
+  }
+  MPIDDP_CHECK((c.backend == "nccl") == (c.device == "cuda"),
+               "--backend nccl goes with --device cuda, mpi and gloo with --device cpu");
+  MPIDDP_CHECK(!t.data.empty(), "--data is required");
+  MPIDDP_CHECK(t.save_every >= 0 && t.save_every_steps >= 0, "--save-every and --save-every-steps must be >= 0");
+  MPIDDP_CHECK(t.keep >= 0, "--keep must be >= 0");
+  MPIDDP_CHECK(c.on_nan == "stop" || c.on_nan == "skip", "unknown --on-nan '" + c.on_nan + "' (stop, skip)");
+  MPIDDP_CHECK(!t.resume.empty(), "--resume takes auto, never or a snapshot file");
+  if (t.resume != "auto" && t.resume != "never" && runtime.rank() == 0) {
+    MPIDDP_CHECK(std::filesystem::exists(t.resume), "--resume: snapshot '" + t.resume + "' does not exist");
+  }
+  MPIDDP_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0, "--bucket-cap-mb and --first-bucket-cap-mb must be > 0");
+  MPIDDP_CHECK(c.compression == "none" || c.compression == "bf16" || c.compression == "fp16",
+               "unknown --compression '" + c.compression + "' (none, bf16, fp16)");
+  MPIDDP_CHECK(c.cache_mb >= 0, "--cache-mb must be >= 0");
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const Model& model) {
+  auto params = parameters(model);
+  if (c.optimizer == "sgd") {
+    return std::make_shared<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  }
+  if (c.optimizer == "adam") {
+    return std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  }
+  return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+}
+
+std::string config_json(const TrainConfig& c, int threads, int world_size) {
+  const auto& t = c.t;
+  nlohmann::json j = {{"model", c.model}, {"data", t.data}, {"test_data", t.test_data}, {"epochs", t.epochs},
+                      {"max_steps", t.max_steps}, {"batch_size", t.batch_size}, {"lr", c.lr},
+                      {"optimizer", c.optimizer}, {"momentum", c.momentum}, {"weight_decay", c.weight_decay},
+                      {"lr_schedule", c.schedule}, {"step_size", c.step_size}, {"gamma", c.gamma},
+                      {"warmup_steps", c.warmup_steps}, {"seed", t.seed}, {"shuffle", t.shuffle},
+                      {"drop_last", t.drop_last}, {"device", c.device}, {"backend", c.backend}, {"loss", c.loss},
+                      {"threads", threads}, {"world_size", world_size}, {"on_nan", c.on_nan}};
+  return j.dump();
+}
+
+}  // namespace
+
 int run_train(Runtime& runtime, const std::vector<std::string>& args) {
   TrainConfig c;
-  double bucket_mb = 25, first_bucket_mb = 1, cache_mb = 512;
-  std::string compression = "none", timeline;
+  auto& t = c.t;
+  std::string timeline;
   po::options_description options("mpiddp train options");
   options.add_options()("help,h", "show this help")("config", po::value<std::string>(), "read options from this file (name = value lines)")(
-      "model", po::value(&c.model)->default_value("cnn"), "linear | mlp | cnn (PyTorch's MNIST example net)")(
-      "data", po::value(&c.data), "training set (HDF5, see `mpiddp data`)")(
-      "test-data", po::value(&c.test_data), "test set, evaluated after each epoch")(
-      "epochs", po::value(&c.epochs)->default_value(1), "passes over the training set")(
-      "max-steps", po::value(&c.max_steps)->default_value(0), "stop after this many steps in all (0: no cap)")(
-      "batch-size", po::value(&c.batch_size)->default_value(64), "samples per rank per step")(
+      "model", po::value(&c.model)->default_value("cnn"),
+      "linear | mlp | cnn (PyTorch's MNIST example net) | FILE.pt (a TorchScript module saved from Python)")(
+      "loss", po::value(&c.loss)->default_value("auto"),
+      "auto (cross-entropy for class labels, mse for regression) | cross-entropy | mse")(
+      "data", po::value(&t.data), "training set (HDF5, see `mpiddp data`)")(
+      "test-data", po::value(&t.test_data), "test set, evaluated after each epoch")(
+      "epochs", po::value(&t.epochs)->default_value(1), "passes over the training set")(
+      "max-steps", po::value(&t.max_steps)->default_value(0), "stop after this many steps in all (0: no cap)")(
+      "batch-size", po::value(&t.batch_size)->default_value(64), "samples per rank per step")(
       "lr", po::value(&c.lr)->default_value(0.01), "learning rate")(
       "optimizer", po::value(&c.optimizer)->default_value("sgd"), "sgd | adam | adamw")(
       "momentum", po::value(&c.momentum)->default_value(0.0), "sgd momentum")(
@@ -31,47 +118,58 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "step-size", po::value(&c.step_size)->default_value(1), "step schedule: epochs between decays")(
       "gamma", po::value(&c.gamma)->default_value(0.1), "step schedule: decay factor")(
       "warmup-steps", po::value(&c.warmup_steps)->default_value(0), "linear warmup over this many steps")(
-      "seed", po::value(&c.seed)->default_value(0), "seed of the initial model and the sampler's shuffle")(
+      "seed", po::value(&t.seed)->default_value(0), "seed of the initial model and the sampler's shuffle")(
       "no-shuffle", "keep the dataset's order")("drop-last", "drop the tail instead of padding shards to equal length")(
       "device", po::value(&c.device)->default_value("cpu"), "cpu | cuda")(
       "backend", po::value(&c.backend)->default_value("mpi"), "mpi | nccl | gloo")(
       "threads", po::value(&c.threads)->default_value(0), "intra-op threads per rank (0: the cores each rank owns)")(
-      "metrics", po::value(&c.metrics_path), "append one JSON line per epoch to this file (rank 0)")(
-      "cache-mb", po::value(&cache_mb)->default_value(512.0),
+      "metrics", po::value(&t.metrics_path), "append one JSON line per epoch to this file (rank 0)")(
+      "cache-mb", po::value(&c.cache_mb)->default_value(512.0),
       "read a dataset into memory once when it is at most this size (MiB; 0: read every batch from the file)")(
-      "bucket-cap-mb", po::value(&bucket_mb)->default_value(25.0), "DDP bucket cap (MiB)")(
-      "first-bucket-cap-mb", po::value(&first_bucket_mb)->default_value(1.0), "DDP first bucket cap (MiB)")(
-      "compression", po::value(&compression)->default_value("none"), "gradients on the wire: none | bf16 | fp16")(
+      "bucket-cap-mb", po::value(&c.bucket_mb)->default_value(25.0), "DDP bucket cap (MiB)")(
+      "first-bucket-cap-mb", po::value(&c.first_bucket_mb)->default_value(1.0), "DDP first bucket cap (MiB)")(
+      "compression", po::value(&c.compression)->default_value("none"), "gradients on the wire: none | bf16 | fp16")(
       "timeline", po::value(&timeline), "per-rank Chrome trace of DDP (FILE -> FILE.rank<r>.json)")(
-      "snapshot-dir", po::value(&c.snapshot_dir), "write snapshots here (rank 0; HDF5, latest.h5 names the newest)")(
-      "save-every", po::value(&c.save_every)->default_value(1), "snapshot every N epochs (0: only at the end)")(
-      "save-every-steps", po::value(&c.save_every_steps)->default_value(0), "also snapshot every N steps (0: off)")(
-      "keep", po::value(&c.keep)->default_value(3), "snapshots kept in --snapshot-dir (0: all)")(
-      "resume", po::value(&c.resume)->default_value("auto"),
+      "snapshot-dir", po::value(&t.snapshot_dir), "write snapshots here (rank 0; HDF5, latest.h5 names the newest)")(
+      "save-every", po::value(&t.save_every)->default_value(1), "snapshot every N epochs (0: only at the end)")(
+      "save-every-steps", po::value(&t.save_every_steps)->default_value(0), "also snapshot every N steps (0: off)")(
+      "keep", po::value(&t.keep)->default_value(3), "snapshots kept in --snapshot-dir (0: all)")(
+      "resume", po::value(&t.resume)->default_value("auto"),
       "auto (newest valid snapshot in --snapshot-dir, if any) | never | a snapshot file")(
       "on-nan", po::value(&c.on_nan)->default_value("stop"),
       "NaN/Inf loss: stop (an error naming the step) | skip (drop that step's update)");
 
-  std::unique_ptr<Trainer> trainer;
   po::variables_map vm;
-  auto local = [&] {
+  int threads = 1;
+  auto parse = [&] {
     vm = parse_options(options, args);
     if (vm.count("help")) return;
-    c.shuffle = vm.count("no-shuffle") == 0;
-    c.drop_last = vm.count("drop-last") > 0;
-    MPIDDP_CHECK(bucket_mb > 0 && first_bucket_mb > 0, "--bucket-cap-mb and --first-bucket-cap-mb must be > 0");
-    c.ddp.bucket_cap_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
-    c.ddp.first_bucket_cap_bytes = static_cast<int64_t>(first_bucket_mb * (1 << 20));
-    MPIDDP_CHECK(compression == "none" || compression == "bf16" || compression == "fp16",
-                 "unknown --compression '" + compression + "' (none, bf16, fp16)");
-    if (compression == "bf16") c.ddp.compression = c10::kBFloat16;
-    if (compression == "fp16") c.ddp.compression = c10::kHalf;
-    c.ddp.timeline_path = timeline;
-    MPIDDP_CHECK(cache_mb >= 0, "--cache-mb must be >= 0");
-    c.cache_bytes = static_cast<int64_t>(cache_mb * (1 << 20));
-    trainer = std::make_unique<Trainer>(runtime, c);  // opens and checks the data on every rank
+    t.shuffle = vm.count("no-shuffle") == 0;
+    t.drop_last = vm.count("drop-last") > 0;
+    check_config(runtime, c);
+    t.ddp.bucket_cap_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
+    t.ddp.first_bucket_cap_bytes = static_cast<int64_t>(c.first_bucket_mb * (1 << 20));
+    if (c.compression == "bf16") t.ddp.compression = c10::kBFloat16;
+    if (c.compression == "fp16") t.ddp.compression = c10::kHalf;
+    t.ddp.timeline_path = timeline;
+    t.cache_bytes = static_cast<int64_t>(c.cache_mb * (1 << 20));
+    t.skip_nonfinite_loss = c.on_nan == "skip";
+    if (c.device == "cuda") t.device = runtime.device();
+    LrSchedule schedule;
+    if (c.schedule == "step") schedule = step_lr(c.step_size, c.gamma);
+    if (c.schedule == "cosine") schedule = cosine_lr();
+    t.lr_schedule = c.warmup_steps > 0 ? with_warmup(schedule, c.warmup_steps) : schedule;
+    if (c.loss == "cross-entropy") {
+      t.loss = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); };
+    } else if (c.loss == "mse") {
+      t.loss = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y.to(out.scalar_type())); };
+    }
+    // Never oversubscribe: the cores of this node shared among its ranks.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = c.threads > 0 ? c.threads : std::max(1, cores / runtime.local_size());
+    t.run_config = config_json(c, threads, runtime.size());
   };
-  if (auto code = agree_on_local_phase(runtime, "train", local)) return *code;
+  if (auto code = agree_on_local_phase(runtime, "train", parse)) return *code;
   if (vm.count("help")) {
     print_help(runtime,
                "usage: mpirun -np N mpiddp train --data TRAIN.h5 [--test-data TEST.h5] [options]\n\n"
@@ -80,13 +178,21 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
                options);
     return kExitOk;
   }
+  auto pg = make_process_group(c.backend, runtime);  // collective: after every rank accepted the options
+  std::unique_ptr<Trainer> trainer;
+  auto build = [&] {
+    torch::set_num_threads(threads);
+    torch::manual_seed(t.seed);  // the same initial model on every rank (DDP broadcasts rank 0's anyway)
+    auto model = make_model(c.model, H5Dataset(t.data).info());
+    trainer = std::make_unique<Trainer>(runtime, *pg, model, make_optimizer(c, *model), t);
+  };
+  if (auto code = agree_on_local_phase(runtime, "train", build)) return *code;
   if (runtime.rank() == 0) {
-    const auto& info = trainer->model();
     int64_t params = 0;
-    for (const auto& p : info->parameters()) params += p.numel();
+    for (const auto& p : trainer->model().named_parameters()) params += p.second.numel();
     std::printf("mpiddp train: model %s (%lld parameters), %d rank(s) x batch %lld, %d thread(s) per rank, backend %s, device %s\n",
-                c.model.c_str(), static_cast<long long>(params), runtime.size(), static_cast<long long>(c.batch_size),
-                trainer->threads(), c.backend.c_str(), c.device.c_str());
+                trainer->model().description().c_str(), static_cast<long long>(params), runtime.size(),
+                static_cast<long long>(t.batch_size), threads, c.backend.c_str(), c.device.c_str());
     std::fflush(stdout);
   }
   const auto result = trainer->fit([&](const EpochMetrics& m, const std::vector<std::string>& lines) {

@@ -79,16 +79,36 @@ std::vector<std::string> split_lines(const std::string& s) {
 
 }  // namespace
 
+namespace {
+std::vector<std::pair<std::string, torch::Tensor>> named(const torch::OrderedDict<std::string, torch::Tensor>& d) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : d) out.emplace_back(item.key(), item.value());
+  return out;
+}
+}  // namespace
+
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup& pg,
                                                  DdpOptions options)
     : module_(std::move(module)), pg_(pg), options_(std::move(options)) {
   MPIDDP_CHECK(module_, "DistributedDataParallel needs a module");
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) continue;  // frozen: never reduced, on every rank alike
-    names_.push_back(item.key());
-    params_.push_back(item.value());
+  setup(named(module_->named_parameters(/*recurse=*/true)), named(module_->named_buffers(/*recurse=*/true)));
+}
+
+DistributedDataParallel::DistributedDataParallel(const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+                                                 const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
+                                                 ProcessGroup& pg, DdpOptions options)
+    : pg_(pg), options_(std::move(options)) {
+  setup(parameters, buffers);
+}
+
+void DistributedDataParallel::setup(const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+                                    const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
+  for (const auto& [name, p] : parameters) {
+    if (!p.requires_grad()) continue;  // frozen: never reduced, on every rank alike
+    names_.push_back(name);
+    params_.push_back(p);
   }
-  for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers_.push_back(item.value());
+  for (const auto& b : buffers) buffers_.push_back(b.second);
   if (options_.timeline_path.empty()) {
     if (const char* env = std::getenv("MPIDDP_TIMELINE")) options_.timeline_path = env;
   }
@@ -103,8 +123,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   {
     torch::NoGradGuard no_grad;
     std::vector<torch::Tensor> all = params_;
-    for (const auto& item : module_->named_parameters(true)) {
-      if (!item.value().requires_grad()) all.push_back(item.value());
+    for (const auto& item : parameters) {
+      if (!item.second.requires_grad()) all.push_back(item.second);
     }
     all.insert(all.end(), buffers_.begin(), buffers_.end());
     broadcast_tensors(all);
@@ -198,7 +218,7 @@ void DistributedDataParallel::verify_same_model() {
       msg += i < a.size() ? "'" + a[i] + "'" : "missing";
       msg += " on rank 0 (" + std::to_string(b.size()) + " vs " + std::to_string(a.size()) +
              " trainable parameters)";
-      MPIDDP_THROW(msg);
+      MPIDDP_THROW_AGREED(msg);  // every rank compared the same lists: the same verdict everywhere
     }
   }
 }

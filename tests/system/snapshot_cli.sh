@@ -105,16 +105,16 @@ if [ -f "$tmp/fm-small.h5" ]; then
 
   # Readable with the HDF5 tools and h5py.
   snap=$tmp/ref2/latest.h5
-  check "h5ls lists model, optimizer and rng" bash -c 'l=$(h5ls -r "$1") && grep -q "^/model/0.weight " <<<"$l" &&
-    grep -q "^/optimizer/0.weight/exp_avg_sq " <<<"$l" && grep -q "^/rng/rank1 " <<<"$l"' _ "$snap"
+  check "h5ls lists model, optimizer and rng" bash -c 'l=$(h5ls -r "$1") && grep -q "^/model/conv1.weight " <<<"$l" &&
+    grep -q "^/optimizer/conv1.weight/exp_avg_sq " <<<"$l" && grep -q "^/rng/rank1 " <<<"$l"' _ "$snap"
   check "h5dump reads the epoch attribute" bash -c 'h5dump -a /epoch "$1" | grep -q "(0): 3"' _ "$snap"
   check "h5py reads the state" "$DEBIAN_PYTHON" - "$snap" <<'PY'
 import h5py, json, sys
 f = h5py.File(sys.argv[1], "r")
 assert f.attrs["format"] == "mpiddp-snapshot" and f.attrs["epoch"] == 3 and f.attrs["world_size"] == 2
-assert f["model/7.weight"].shape == (128, 9216) and f["optimizer/7.weight/step"][()] == f.attrs["global_step"]
+assert f["model/fc1.weight"].shape == (128, 9216) and f["optimizer/fc1.weight/step"][()] == f.attrs["global_step"]
 assert json.loads(f.attrs["config"])["optimizer"] == "adam"
-assert "parameter 0.weight Float[32, 1, 3, 3]" in f.attrs["model_fingerprint"]
+assert "parameter conv1.weight Float[32, 1, 3, 3]" in f.attrs["model_fingerprint"]
 PY
 
   # Corrupt snapshots: auto falls back to the previous valid one and says so; a named one is refused.
@@ -128,7 +128,7 @@ PY
       "$DEBIAN_PYTHON" - "$newest" <<'PY'
 import h5py, sys
 with h5py.File(sys.argv[1], "r") as f:
-    at = f["model/7.weight"].id.get_offset() + 4096
+    at = f["model/fc1.weight"].id.get_offset() + 4096
 with open(sys.argv[1], "r+b") as f:
     f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
 PY
@@ -246,9 +246,9 @@ bad_resume() {  # bad_resume "description" "expected text" args...
 }
 bad_resume "another model" "cannot resume from snapshot '$snap': it is of another model: it has model mlp where this model has model linear" \
   --model linear --data "$tmp/syn.h5"
-bad_resume "another input width" "it has parameter 1.weight Float\[128, 20\] where this model has parameter 1.weight Float\[128, 30\]" \
+bad_resume "another input width" "it has parameter fc1.weight Float\[128, 20\] where this model has parameter fc1.weight Float\[128, 30\]" \
   --model mlp --data "$tmp/syn30.h5"
-bad_resume "another optimizer" "it was trained with --optimizer sgd, this run uses adam" --model mlp --data "$tmp/syn.h5" --optimizer adam
+bad_resume "another optimizer" "it was trained with optimizer sgd, this run uses adam" --model mlp --data "$tmp/syn.h5" --optimizer adam
 run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --resume "$tmp/none.h5"
 check "missing --resume file: one-line error" one_line "$err"
 check "missing --resume file: says so" contains "snapshot '$tmp/none.h5' does not exist" "$err"

@@ -32,7 +32,7 @@ for n in 1 2 3; do
   run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/mem$n"
   run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/file$n" \
     --cache-mb 0
-  check "np$n --cache-mb 0: batches read from the file" contains "^data: '$tmp/syn.h5' is larger than --cache-mb: read per batch" "$out"
+  check "np$n --cache-mb 0: batches read from the file" contains "^data: '$tmp/syn.h5' is larger than the cache limit: read per batch" "$out"
   check "np$n --cache-mb 0: same final parameters as from memory (bitwise)" \
     h5diff -q "$tmp/mem$n/latest.h5" "$tmp/file$n/latest.h5" /model /model
 done

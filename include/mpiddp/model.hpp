@@ -1,0 +1,65 @@
+// Model: what mpiddp::Trainer trains, behind one interface: a C++ torch::nn::Module (wrap_module)
+// or a TorchScript module saved from Python (load_torchscript).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mpiddp {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  /// One batch of inputs to the outputs the loss takes.
+  virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+  /// Every parameter and buffer, with its dotted name (as PyTorch's state_dict names it).
+  virtual NamedTensors named_parameters() const = 0;
+  virtual NamedTensors named_buffers() const = 0;
+  /// Training or evaluation mode (Dropout, BatchNorm).
+  virtual void train(bool on) = 0;
+  /// Moves parameters and buffers in place (an optimizer built on them stays valid).
+  virtual void to(c10::Device device) = 0;
+  /// What the model is, for messages and snapshots ("cnn", "TwoLayer", "torchscript __torch__.Net").
+  virtual std::string description() const = 0;
+  /// The TorchScript file this model was loaded from ("" for a C++ module): snapshots carry it, so
+  /// that `mpiddp export` can write the trained module back.
+  virtual const std::string& torchscript_bytes() const;
+  /// The underlying C++ module (nullptr for TorchScript).
+  virtual std::shared_ptr<torch::nn::Module> module() const { return nullptr; }
+};
+
+/// A C++ module with `Tensor forward(const Tensor&)`, given as its holder (TORCH_MODULE) or as a
+/// shared_ptr to it. `name` labels it in snapshots (default: the module's own name()).
+std::shared_ptr<Model> wrap_module(std::shared_ptr<torch::nn::Module> module,
+                                   std::function<torch::Tensor(const torch::Tensor&)> forward, std::string name = "");
+template <class Impl>
+std::shared_ptr<Model> wrap_module(std::shared_ptr<Impl> module, std::string name = "") {
+  auto* raw = module.get();
+  return wrap_module(std::static_pointer_cast<torch::nn::Module>(module),
+                     [raw](const torch::Tensor& x) { return raw->forward(x); }, std::move(name));
+}
+template <class Impl>
+std::shared_ptr<Model> wrap_module(const torch::nn::ModuleHolder<Impl>& module, std::string name = "") {
+  return wrap_module(module.ptr(), std::move(name));
+}
+
+/// Loads a TorchScript module (torch.jit.script(model).save(PATH) in Python) on the CPU. Throws
+/// mpiddp::Error with a one-line reason: missing file, not TorchScript, no forward method.
+std::shared_ptr<Model> load_torchscript(const std::string& path);
+/// The same from the file's bytes (`name` is used in messages).
+std::shared_ptr<Model> load_torchscript_bytes(const std::string& bytes, const std::string& name);
+
+/// Copies tensors by name into the model's parameters and buffers (no autograd record); throws
+/// mpiddp::Error naming the first missing name or shape mismatch. `prefix` is prepended to the
+/// model's names when looking them up ("model/" for a snapshot's tensors).
+void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& prefix = "");
+
+}  // namespace mpiddp

@@ -1,0 +1,131 @@
+// `mpiddp export`: a snapshot's trained model in a form Python loads in one line: the TorchScript
+// module with its trained weights (torch.jit.load) or a state_dict (torch.load + load_state_dict).
+#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/error.hpp>
+
+#include <torch/script.h>
+#include <torch/serialize.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "app/cli.hpp"
+
+namespace mpiddp::app {
+
+namespace {
+
+constexpr const char* kModelPrefix = "model/";
+
+// The model's tensors, by the module's own names.
+std::vector<std::pair<std::string, torch::Tensor>> model_tensors(const Snapshot& s) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [key, t] : s.tensors) {
+    if (key.rfind(kModelPrefix, 0) == 0) out.emplace_back(key.substr(std::string(kModelPrefix).size()), t);
+  }
+  MPIDDP_CHECK(!out.empty(), "the snapshot holds no model tensors (no /model group)");
+  return out;
+}
+
+void write_bytes(const std::string& path, const char* data, size_t size) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(data, static_cast<std::streamsize>(size));
+    f.flush();
+    if (!f.good()) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      MPIDDP_THROW("cannot write '" + path + "'");
+    }
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+// The snapshot's TorchScript module with the trained parameters and buffers put in.
+std::string export_torchscript(const Snapshot& s, const std::string& name, const std::string& out) {
+  auto it = s.tensors.find("torchscript");
+  MPIDDP_CHECK(it != s.tensors.end(), "snapshot '" + name +
+                                          "' is of a C++ model, not a TorchScript one: export it with --format state-dict");
+  const auto bytes = it->second.contiguous();
+  std::istringstream in(std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())));
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(in, torch::kCPU);
+  } catch (const std::exception& e) {
+    MPIDDP_THROW("snapshot '" + name + "': its TorchScript module does not load: " +
+                 std::string(e.what()).substr(0, std::string(e.what()).find('\n')));
+  }
+  std::map<std::string, torch::Tensor> trained(s.tensors.begin(), s.tensors.end());
+  torch::NoGradGuard no_grad;
+  int64_t n = 0;
+  auto put = [&](const std::string& key, torch::Tensor t) {
+    auto found = trained.find(kModelPrefix + key);
+    MPIDDP_CHECK(found != trained.end(), "snapshot '" + name + "' lacks the module's '" + key + "'");
+    MPIDDP_CHECK(found->second.sizes() == t.sizes(), "snapshot '" + name + "': '" + key + "' has another shape than the module's");
+    t.copy_(found->second);
+    ++n;
+  };
+  for (const auto& p : module.named_parameters(true)) put(p.name, p.value);
+  for (const auto& b : module.named_buffers(true)) put(b.name, b.value);
+  std::ostringstream os;
+  module.save(os);
+  const auto text = os.str();
+  write_bytes(out, text.data(), text.size());
+  return "TorchScript module " + module.type()->name()->qualifiedName() + " with " + std::to_string(n) +
+         " trained tensors (load: torch.jit.load)";
+}
+
+std::string export_state_dict(const Snapshot& s, const std::string& out) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  const auto tensors = model_tensors(s);
+  for (const auto& [key, t] : tensors) dict.insert(key, t);
+  const auto bytes = torch::pickle_save(dict);
+  write_bytes(out, bytes.data(), bytes.size());
+  return "state_dict of " + std::to_string(tensors.size()) + " tensors (load: model.load_state_dict(torch.load(FILE)))";
+}
+
+}  // namespace
+
+int run_export(Runtime& runtime, const std::vector<std::string>& args) {
+  std::string snapshot, out, format = "auto";
+  po::options_description options("mpiddp export options");
+  options.add_options()("help,h", "show this help")("snapshot", po::value(&snapshot), "the snapshot (HDF5) to export")(
+      "out", po::value(&out), "the file to write")(
+      "format", po::value(&format)->default_value("auto"),
+      "auto (torchscript for a TorchScript model, else state-dict) | torchscript | state-dict");
+  po::positional_options_description positional;
+  positional.add("snapshot", 1);
+  po::variables_map vm;
+  auto parse = [&] {
+    vm = parse_options(options, args, &positional);
+    if (vm.count("help")) return;
+    MPIDDP_CHECK(!snapshot.empty(), "say which snapshot to export (mpiddp export SNAPSHOT --out FILE)");
+    MPIDDP_CHECK(!out.empty(), "--out is required");
+    MPIDDP_CHECK(format == "auto" || format == "torchscript" || format == "state-dict",
+                 "unknown --format '" + format + "' (auto, torchscript, state-dict)");
+  };
+  if (auto code = agree_on_local_phase(runtime, "export", parse)) return *code;
+  if (vm.count("help")) {
+    print_help(runtime,
+               "usage: mpiddp export SNAPSHOT --out FILE [--format auto|torchscript|state-dict]\n\n"
+            "Writes a snapshot's trained model for Python: a TorchScript model as its module with the\n"
+            "trained weights (torch.jit.load(FILE)), any model as a state_dict\n"
+            "(model.load_state_dict(torch.load(FILE))). The snapshot is verified first.\n\n",
+               options);
+    return kExitOk;
+  }
+  std::string report;
+  auto work = [&] {
+    if (runtime.rank() != 0) return;
+    const Snapshot s = read_snapshot(snapshot);  // verified: a damaged file is refused here
+    const bool script = format == "torchscript" || (format == "auto" && s.tensors.count("torchscript"));
+    report = "mpiddp export: wrote " + out + ": " + (script ? export_torchscript(s, snapshot, out) : export_state_dict(s, out));
+  };
+  if (auto code = agree_on_local_phase(runtime, "export", work, kExitFailure)) return *code;
+  print_rank0(runtime, report);
+  return kExitOk;
+}
+
+}  // namespace mpiddp::app

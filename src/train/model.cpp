@@ -1,0 +1,129 @@
+#include <mpiddp/error.hpp>
+#include <mpiddp/model.hpp>
+
+#include <torch/script.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace mpiddp {
+
+namespace {
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string shape_text(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+class ModuleModel final : public Model {
+ public:
+  ModuleModel(std::shared_ptr<torch::nn::Module> module, std::function<torch::Tensor(const torch::Tensor&)> forward,
+              std::string name)
+      : module_(std::move(module)), forward_(std::move(forward)), name_(std::move(name)) {}
+  torch::Tensor forward(const torch::Tensor& input) override { return forward_(input); }
+  NamedTensors named_parameters() const override { return named(module_->named_parameters(true)); }
+  NamedTensors named_buffers() const override { return named(module_->named_buffers(true)); }
+  void train(bool on) override { module_->train(on); }
+  void to(c10::Device device) override { module_->to(device); }
+  std::string description() const override { return name_.empty() ? module_->name() : name_; }
+  std::shared_ptr<torch::nn::Module> module() const override { return module_; }
+
+ private:
+  static NamedTensors named(const torch::OrderedDict<std::string, torch::Tensor>& d) {
+    NamedTensors out;
+    for (const auto& item : d) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  std::shared_ptr<torch::nn::Module> module_;
+  std::function<torch::Tensor(const torch::Tensor&)> forward_;
+  std::string name_;
+};
+
+class ScriptModel final : public Model {
+ public:
+  ScriptModel(torch::jit::Module module, std::string bytes, std::string name)
+      : module_(std::move(module)), bytes_(std::move(bytes)), name_(std::move(name)) {}
+  torch::Tensor forward(const torch::Tensor& input) override {
+    auto out = module_.forward({input});
+    MPIDDP_CHECK(out.isTensor(), "the TorchScript model '" + name_ + "' returned " + out.tagKind() +
+                                     " from forward, not a tensor");
+    return out.toTensor();
+  }
+  NamedTensors named_parameters() const override {
+    NamedTensors out;
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  NamedTensors named_buffers() const override {
+    NamedTensors out;
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+  void train(bool on) override { module_.train(on); }
+  void to(c10::Device device) override { module_.to(device); }
+  std::string description() const override { return "torchscript " + module_.type()->name()->qualifiedName(); }
+  const std::string& torchscript_bytes() const override { return bytes_; }
+
+ private:
+  torch::jit::Module module_;
+  std::string bytes_;
+  std::string name_;
+};
+
+}  // namespace
+
+const std::string& Model::torchscript_bytes() const {
+  static const std::string none;
+  return none;
+}
+
+std::shared_ptr<Model> wrap_module(std::shared_ptr<torch::nn::Module> module,
+                                   std::function<torch::Tensor(const torch::Tensor&)> forward, std::string name) {
+  MPIDDP_CHECK(module && forward, "wrap_module needs a module and its forward");
+  return std::make_shared<ModuleModel>(std::move(module), std::move(forward), std::move(name));
+}
+
+std::shared_ptr<Model> load_torchscript_bytes(const std::string& bytes, const std::string& name) {
+  torch::jit::Module module;
+  try {
+    std::istringstream in(bytes);
+    module = torch::jit::load(in, torch::kCPU);
+  } catch (const std::exception& e) {
+    MPIDDP_THROW("'" + name + "' is not a TorchScript module (save one with torch.jit.script(model).save(PATH)): " +
+                 first_line(e.what()));
+  }
+  MPIDDP_CHECK(module.find_method("forward").has_value(),
+               "the TorchScript module in '" + name + "' has no forward method");
+  return std::make_shared<ScriptModel>(std::move(module), bytes, name);
+}
+
+std::shared_ptr<Model> load_torchscript(const std::string& path) {
+  MPIDDP_CHECK(std::filesystem::is_regular_file(path), "TorchScript file '" + path + "' does not exist");
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  MPIDDP_CHECK(in.good() || in.eof(), "cannot read TorchScript file '" + path + "'");
+  return load_torchscript_bytes(bytes.str(), path);
+}
+
+void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& prefix) {
+  torch::NoGradGuard no_grad;
+  auto load = [&](const NamedTensors& named, const char* what) {
+    for (const auto& [name, t] : named) {
+      auto it = tensors.find(prefix + name);
+      MPIDDP_CHECK(it != tensors.end(), std::string("no tensor for the model's ") + what + " '" + name + "'");
+      MPIDDP_CHECK(it->second.sizes() == t.sizes(), std::string("the model's ") + what + " '" + name + "' is " +
+                                                        shape_text(t) + " but the tensor given is " +
+                                                        shape_text(it->second));
+      t.copy_(it->second);
+    }
+  };
+  load(model.named_parameters(), "parameter");
+  load(model.named_buffers(), "buffer");
+}
+
+}  // namespace mpiddp

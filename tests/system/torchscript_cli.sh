@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# `mpiddp train --model FILE.pt` and `mpiddp export`: TorchScript modules saved from Python, trained
+# by mpiddp at 1-3 ranks, equal to Python (the Python found here: PyTorch 1.13 on Debian 12, 2.14 in
+# the sid chroot) training the same module on the global batch; exports loaded back in Python;
+# bad input. usage: torchscript_cli.sh MPIDDP_BINARY
+source "$(dirname "$0")/lib.sh"
+mpiddp=$1
+ref() { "$DEBIAN_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" "$@"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+MPIDDP_TEST_DEADLINE=180
+
+ref make-data "$tmp/train.h5" 120 1
+ref make-data "$tmp/test.h5" 64 2
+ref make-model plain "$tmp/plain.pt" 3
+ref make-model bn "$tmp/bn.pt" 4
+
+# ---- equal to Python on the global batch -------------------------------------------------------
+steps=5 batch=4 lr=0.05 momentum=0.9
+for kind in plain bn; do
+  for n in 1 2 3; do
+    d=$tmp/$kind-np$n
+    run_np $n "$mpiddp" train --model "$tmp/$kind.pt" --data "$tmp/train.h5" --test-data "$tmp/test.h5" \
+      --no-shuffle --batch-size $batch --max-steps $steps --epochs 1 --optimizer sgd --lr $lr --momentum $momentum \
+      --threads 1 --snapshot-dir "$d" --metrics "$d.jsonl"
+    check "$kind np$n: trains" [ "$rc" -eq 0 ]
+    check "$kind np$n: names the TorchScript module" contains "^mpiddp train: model torchscript __torch__\." "$out"
+    run_alone "$mpiddp" export "$d/latest.h5" --out "$d.state.pt" --format state-dict
+    check "$kind np$n: export state-dict" [ "$rc" -eq 0 ]
+    ref reference "$tmp/$kind.pt" "$tmp/train.h5" $n $batch $steps $lr $momentum "$d.ref.pt"
+    check "$kind np$n: equal to Python on the global batch $n x $batch (1e-5)" ref compare "$d.ref.pt" "$d.state.pt" 1e-5
+    # Evaluation runs in eval mode (BatchNorm on its running statistics): the test loss mpiddp
+    # reports is Python's eval-mode loss of the reference parameters.
+    want=$(ref eval-loss "$d.ref.pt" "$tmp/$kind.pt" "$tmp/test.h5")
+    got=$("$DEBIAN_PYTHON" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["test_loss"])' "$d.jsonl")
+    check "$kind np$n: test loss in eval mode equals Python's ($got vs $want)" \
+      "$DEBIAN_PYTHON" -c 'import sys; a,b=map(float,sys.argv[1:]); sys.exit(abs(a-b) > 1e-5*max(1,abs(b)))' "$got" "$want"
+  done
+done
+
+# ---- the snapshot: the module's own names under /model, resume, export as TorchScript ----------
+d=$tmp/bn-np2
+check "snapshot holds the module's own parameter and buffer names" "$DEBIAN_PYTHON" - "$d/latest.h5" <<'PY'
+import h5py, sys
+f = h5py.File(sys.argv[1], "r")
+names = set(f["model"].keys())
+assert names == {"conv.weight", "conv.bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var",
+                 "bn.num_batches_tracked", "fc.weight", "fc.bias"}, names
+assert f["model/bn.num_batches_tracked"][()] == 5
+assert "torchscript" in f
+PY
+run_alone "$mpiddp" export "$d/latest.h5" --out "$tmp/bn-trained.pt"
+check "export (auto) of a TorchScript run writes the module" contains "TorchScript module __torch__\." "$out"
+check "the exported module loads with torch.jit.load, with the trained tensors" ref check-script "$d.ref.pt" "$tmp/bn-trained.pt" "$tmp/test.h5"
+run_np 2 "$mpiddp" train --model "$tmp/bn.pt" --data "$tmp/train.h5" --no-shuffle --batch-size $batch --epochs 2 \
+  --optimizer sgd --lr $lr --momentum $momentum --threads 1 --snapshot-dir "$tmp/bn-full"
+run_np 2 "$mpiddp" train --model "$tmp/bn.pt" --data "$tmp/train.h5" --no-shuffle --batch-size $batch --epochs 1 \
+  --optimizer sgd --lr $lr --momentum $momentum --threads 1 --snapshot-dir "$tmp/bn-half"
+run_np 2 "$mpiddp" train --model "$tmp/bn.pt" --data "$tmp/train.h5" --no-shuffle --batch-size $batch --epochs 2 \
+  --optimizer sgd --lr $lr --momentum $momentum --threads 1 --snapshot-dir "$tmp/bn-half"
+check "resume of a TorchScript run: says so" contains "^Resuming training from snapshot at Epoch 1" "$out"
+run_alone "$mpiddp" export "$tmp/bn-full/latest.h5" --out "$tmp/full.pt" --format state-dict
+run_alone "$mpiddp" export "$tmp/bn-half/latest.h5" --out "$tmp/half.pt" --format state-dict
+check "resume of a TorchScript run: bitwise equal to the uninterrupted run" ref compare "$tmp/full.pt" "$tmp/half.pt" 0
+
+# ---- bad input: one line from every rank, no hang ----------------------------------------------
+bad() {  # bad "description" "expected text" args...
+  local desc=$1 want=$2
+  shift 2
+  run_np 2 "$mpiddp" "$@"
+  check "$desc: non-zero exit, no hang" failed_cleanly
+  check "$desc: one line" one_line "$err"
+  check "$desc: says '$want'" contains "$want" "$err"
+}
+echo "not a model" >"$tmp/junk.pt"
+bad "a file that is not TorchScript" "is not a TorchScript module" train --model "$tmp/junk.pt" --data "$tmp/train.h5"
+bad "no such model file" "unknown --model '$tmp/none.pt'" train --model "$tmp/none.pt" --data "$tmp/train.h5"
+ref make-bad "$tmp"
+bad "a module without forward" "has no forward method" train --model "$tmp/noforward.pt" --data "$tmp/train.h5"
+bad "outputs of fewer classes than the labels" "labels range over \[0, 3\] but the model has 3 classes" \
+  train --model "$tmp/three.pt" --data "$tmp/train.h5"
+bad "outputs of the wrong shape for the targets" "the model's outputs for 2 samples are \[2\]; class labels need \[2, classes\]" \
+  train --model "$tmp/flat.pt" --data "$tmp/train.h5"
+bad "inputs the model cannot take" "fails on inputs of \[2, 1, 8, 8\]" train --model "$tmp/other.pt" --data "$tmp/train.h5"
+# A model whose parameters differ across ranks: each rank loads its own file.
+cat >"$tmp/per_rank.sh" <<EOF
+#!/usr/bin/env bash
+r=\${OMPI_COMM_WORLD_RANK:-\${PMI_RANK:-0}}
+m=$tmp/plain.pt; [ "\$r" = 1 ] && m=$tmp/bn.pt
+exec "$mpiddp" train --model "\$m" --data "$tmp/train.h5" --batch-size 4 --max-steps 1
+EOF
+chmod +x "$tmp/per_rank.sh"
+run_np 2 "$tmp/per_rank.sh"
+check "different models on different ranks: refused, no hang" failed_cleanly
+check "different models on different ranks: one line" one_line "$err"
+check "different models on different ranks: names the mismatch" contains "model mismatch across ranks" "$err"
+cp "$d/latest.h5" "$tmp/corrupt.h5"
+"$DEBIAN_PYTHON" - "$tmp/corrupt.h5" <<'PY'
+import h5py, sys
+with h5py.File(sys.argv[1], "r") as f:
+    at = f["model/fc.weight"].id.get_offset() + 16
+with open(sys.argv[1], "r+b") as f:
+    f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x01]))
+PY
+bad "export of a corrupt snapshot" "checksum" export "$tmp/corrupt.h5" --out "$tmp/x.pt"
+check "export of a corrupt snapshot: writes nothing" [ ! -e "$tmp/x.pt" ]
+run_np 1 "$mpiddp" train --model linear --data "$tmp/train.h5" --max-steps 2 --snapshot-dir "$tmp/linear"
+bad "export --format torchscript of a C++ model's snapshot" "is of a C++ model" \
+  export "$tmp/linear/latest.h5" --out "$tmp/y.pt" --format torchscript
+run_alone "$mpiddp" export "$tmp/linear/latest.h5" --out "$tmp/linear.pt"
+check "export of a C++ model: a state_dict that torch.load reads" "$DEBIAN_PYTHON" -c '
+import sys, torch
+sd = torch.load(sys.argv[1])
+assert sorted(sd) == ["fc.bias", "fc.weight"] and sd["fc.weight"].shape == (4, 64), sd.keys()
+m = torch.nn.Module(); m.fc = torch.nn.Linear(64, 4); m.load_state_dict(sd)' "$tmp/linear.pt"
+finish
