@@ -4,8 +4,9 @@ DistributedSampler with set_epoch as in the AWS CPU-DDP seed. Same HDF5 file (re
 h5py), models, sampler rule and optimizers as `mpiddp train`; one JSON line per epoch on rank 0
 (the fields bench/train_bench.sh reads).
 
-usage: mpirun -np N python3 bench/python_ddp.py --data F.h5 --model linear|cnn --epochs E
-       --batch-size B --lr LR --optimizer sgd|adam [--seed S] [--threads T] [--port P]
+usage: mpirun -np N python3 bench/python_ddp.py --data F.h5 --model linear|cnn|resnet18 --epochs E
+       --batch-size B --lr LR --optimizer sgd|adam [--seed S] [--threads T] [--port P] [--test-data T.h5]
+resnet18 is torchvision's, first convolution for one channel, eager (as a Python user runs it).
 """
 import argparse
 import json
@@ -25,7 +26,7 @@ from torch.utils.data.distributed import DistributedSampler
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
-    ap.add_argument("--model", default="linear", choices=["linear", "cnn"])
+    ap.add_argument("--model", default="linear", choices=["linear", "cnn", "resnet18"])
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -33,6 +34,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--port", default="29531")
+    ap.add_argument("--test-data", default="")
     a = ap.parse_args()
 
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", 0)))
@@ -43,13 +45,21 @@ def main():
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo", rank=rank, world_size=size)
 
-    with h5py.File(a.data, "r") as f:
-        x = torch.from_numpy(f["inputs"][...])
-        y = torch.from_numpy(f["targets"][...])
-        if x.dtype == torch.uint8:
-            x = x.float() * float(f["inputs"].attrs["scale"])
+    def load(path):
+        with h5py.File(path, "r") as f:
+            x = torch.from_numpy(f["inputs"][...])
+            y = torch.from_numpy(f["targets"][...])
+            if x.dtype == torch.uint8:
+                x = x.float() * float(f["inputs"].attrs["scale"])
+        return x, y
+    x, y = load(a.data)
     torch.manual_seed(a.seed)
-    if a.model == "cnn":  # PyTorch's MNIST example network, as `mpiddp train --model cnn`
+    if a.model == "resnet18":
+        import torchvision
+        model = torchvision.models.resnet18(num_classes=10)
+        model.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        loss_fn = F.cross_entropy
+    elif a.model == "cnn":  # PyTorch's MNIST example network, as `mpiddp train --model cnn`
         model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
                               nn.Dropout(0.25), nn.Flatten(), nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(0.5),
                               nn.Linear(128, 10))
@@ -81,6 +91,20 @@ def main():
                    "samples_per_s": steps * a.batch_size * size / seconds}
             if epoch == 0:
                 row["first_step_unix_s"] = first_step
+        if a.test_data:  # each rank scores a contiguous slice, eval mode, sums all-reduced
+            tx, ty = load(a.test_data)
+            n = tx.shape[0]
+            lo, hi = n * rank // size, n * (rank + 1) // size
+            model.eval()
+            with torch.no_grad():
+                correct = sum((model(tx[i:min(i + 1000, hi)]).argmax(1) == ty[i:min(i + 1000, hi)]).sum().item()
+                              for i in range(lo, hi, 1000))
+            model.train()
+            t = torch.tensor([float(correct)])
+            dist.all_reduce(t)
+            if rank == 0:
+                row["test_accuracy"] = t.item() / n
+        if rank == 0:
             print(json.dumps(row), flush=True)
     dist.destroy_process_group()
 

@@ -3,8 +3,10 @@
 #include <mpiddp/checkpoint.hpp>
 #include <mpiddp/error.hpp>
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/script.h>
-#include <torch/serialize.h>
 
 #include <filesystem>
 #include <fstream>
@@ -77,11 +79,33 @@ std::string export_torchscript(const Snapshot& s, const std::string& name, const
          " trained tensors (load: torch.jit.load)";
 }
 
+// torch.save's format (a zip of data.pkl and one record per storage), as torch::pickle_save
+// writes it but without TorchScript's type tags on the dict: PyTorch >= 2.6's torch.load
+// (weights_only=True by default) refuses the tags' torch.jit._pickle.restore_type_tag.
+std::vector<char> torch_save_bytes(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr,
+                              nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> out;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
+      const auto* c = static_cast<const char*>(p);
+      out.insert(out.end(), c, c + n);
+      return n;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  }  // the writer's destructor writes the zip's central directory
+  return out;
+}
+
 std::string export_state_dict(const Snapshot& s, const std::string& out) {
   c10::Dict<std::string, torch::Tensor> dict;
   const auto tensors = model_tensors(s);
   for (const auto& [key, t] : tensors) dict.insert(key, t);
-  const auto bytes = torch::pickle_save(dict);
+  const auto bytes = torch_save_bytes(dict);
   write_bytes(out, bytes.data(), bytes.size());
   return "state_dict of " + std::to_string(tensors.size()) + " tensors (load: model.load_state_dict(torch.load(FILE)))";
 }

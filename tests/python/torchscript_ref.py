@@ -1,7 +1,8 @@
 """Python side of tests/system/torchscript_cli.sh: makes TorchScript models and data, trains the
 reference in Python (Debian's python3-torch) and compares with what mpiddp trained and exported.
 
-  make-data OUT.h5 N SEED            classification set in mpiddp's layout: [N, 1, 8, 8] float32, 4 classes
+  make-data OUT.h5 N SEED [SIZE]     classification set in mpiddp's layout: [N, 1, SIZE, SIZE] float32,
+                                     4 classes used (of 4 at SIZE 8, of 10 otherwise)
   make-model KIND OUT.pt SEED        KIND: plain (conv, linear) | bn (conv, BatchNorm, linear) | resnet18
   reference MODEL.pt DATA.h5 RANKS BATCH STEPS LR MOMENTUM OUT.pt
       SGD on the global batch RANKS x BATCH for STEPS steps, in the order mpiddp's sampler gives
@@ -11,6 +12,7 @@ reference in Python (Debian's python3-torch) and compares with what mpiddp train
   compare REF.pt STATE_DICT.pt [TOL]  the exported state_dict equals the reference's (max abs diff)
   check-script REF.pt EXPORTED.pt DATA.h5   torch.jit.load of the export: same tensors, same outputs
   make-bad DIR                      modules that mpiddp must refuse (no forward, wrong outputs, wrong inputs)
+  check-mnist-net STATE.pt DATA.h5 LOSS   the built-in cnn's export loads into examples/mnist's Net
   eval-loss REF.pt DATA.h5           evaluation-mode mean cross-entropy of the reference on DATA
 """
 import sys
@@ -26,14 +28,16 @@ def load_data(path):
         return torch.from_numpy(f["inputs"][()]), torch.from_numpy(f["targets"][()])
 
 
-def make_data(out, n, seed):
+def make_data(out, n, seed, size="8"):
     g = torch.Generator().manual_seed(int(seed))
-    x = torch.randn(int(n), 1, 8, 8, generator=g)
-    y = (x[:, 0, :4, :].sum((1, 2)) > 0).long() * 2 + (x[:, 0, 4:, :].sum((1, 2)) > 0).long()
+    x = torch.randn(int(n), 1, int(size), int(size), generator=g)
+    h = int(size) // 2
+    y = (x[:, 0, :h, :].sum((1, 2)) > 0).long() * 2 + (x[:, 0, h:, :].sum((1, 2)) > 0).long()
+    classes = 4 if int(size) == 8 else 10  # the built-in cnn wants 10 classes (6 of them unused here)
     with h5py.File(out, "w") as f:
         f["inputs"] = x.numpy()
         f["targets"] = y.numpy()
-        f.attrs["num_classes"] = 4
+        f.attrs["num_classes"] = classes
 
 
 class Plain(nn.Module):
@@ -130,9 +134,18 @@ def reference(model, data, ranks, batch, steps, lr, momentum, out):
     torch.save({k: v.detach().clone() for k, v in m.state_dict().items()}, out)
 
 
+def load_weights(path):
+    """torch.load as a careful user calls it: weights_only=True where this PyTorch has it (the
+    default from 2.6), so an export that needs more than tensors and dicts fails here."""
+    try:
+        return torch.load(path, weights_only=True)
+    except TypeError:  # PyTorch < 1.13 has no weights_only
+        return torch.load(path)
+
+
 def compare(ref, exported, tol="1e-5"):
     a = torch.load(ref)
-    b = torch.load(exported)
+    b = load_weights(exported)
     assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"
     worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     print(f"max |difference| over {len(a)} tensors: {worst:.3g}")
@@ -153,6 +166,36 @@ def check_script(ref, exported, data):
     print("exported TorchScript module loads, holds the trained tensors and runs")
 
 
+class MnistNet(nn.Module):  # PyTorch's examples/mnist Net, as written there
+    def __init__(self):
+        super(MnistNet, self).__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def check_mnist_net(state, data, want_loss):
+    """The built-in cnn's state_dict loads into the Python Net (strict) and gives mpiddp's test loss."""
+    m = MnistNet()
+    m.load_state_dict(load_weights(state))
+    m.eval()
+    x, y = load_data(data)
+    with torch.no_grad():
+        loss = F.nll_loss(m(x), y).item()
+    print(f"examples/mnist Net loads the export; test loss {loss:.8f} (mpiddp: {float(want_loss):.8f})")
+    assert abs(loss - float(want_loss)) <= 1e-5 * max(1.0, abs(loss))
+
+
 def eval_loss(ref_state, model, data):
     m = torch.jit.load(model)
     m.load_state_dict(torch.load(ref_state))
@@ -165,4 +208,4 @@ def eval_loss(ref_state, model, data):
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"make-data": make_data, "make-model": make_model, "reference": reference, "compare": compare,
-     "check-script": check_script, "make-bad": make_bad, "eval-loss": eval_loss}[cmd](*args)
+     "check-script": check_script, "make-bad": make_bad, "check-mnist-net": check_mnist_net, "eval-loss": eval_loss}[cmd](*args)

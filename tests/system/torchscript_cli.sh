@@ -110,7 +110,15 @@ bad "export --format torchscript of a C++ model's snapshot" "is of a C++ model" 
 run_alone "$mpiddp" export "$tmp/linear/latest.h5" --out "$tmp/linear.pt"
 check "export of a C++ model: a state_dict that torch.load reads" "$DEBIAN_PYTHON" -c '
 import sys, torch
-sd = torch.load(sys.argv[1])
+sd = torch.load(sys.argv[1], weights_only=True)
 assert sorted(sd) == ["fc.bias", "fc.weight"] and sd["fc.weight"].shape == (4, 64), sd.keys()
 m = torch.nn.Module(); m.fc = torch.nn.Linear(64, 4); m.load_state_dict(sd)' "$tmp/linear.pt"
+# The built-in cnn's names are those of PyTorch's examples/mnist Net: its export loads there.
+ref make-data "$tmp/img28.h5" 64 5 28
+run_np 2 "$mpiddp" train --model cnn --data "$tmp/img28.h5" --test-data "$tmp/img28.h5" --batch-size 8 --max-steps 2 \
+  --threads 1 --snapshot-dir "$tmp/cnn" --metrics "$tmp/cnn.jsonl"
+run_alone "$mpiddp" export "$tmp/cnn/latest.h5" --out "$tmp/cnn-state.pt"
+loss=$("$DEBIAN_PYTHON" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["test_loss"])' "$tmp/cnn.jsonl")
+check "the built-in cnn's export loads into examples/mnist's Net (strict) and scores mpiddp's test loss" \
+  ref check-mnist-net "$tmp/cnn-state.pt" "$tmp/img28.h5" "$loss"
 finish
