@@ -1,0 +1,45 @@
+// Learning-rate schedules, the default loss and the model's parameter list: the small pieces of
+// the Trainer's API that a user composes.
+#include <mpiddp/error.hpp>
+#include <mpiddp/trainer.hpp>
+
+#include <cmath>
+
+namespace mpiddp {
+
+LrSchedule step_lr(int64_t step_size, double gamma) {
+  MPIDDP_CHECK(step_size > 0 && gamma > 0, "step_lr needs step_size > 0 and gamma > 0");
+  return [=](const StepInfo& at) { return std::pow(gamma, static_cast<double>(at.epoch / step_size)); };
+}
+
+LrSchedule cosine_lr() {
+  return [](const StepInfo& at) {
+    if (at.total_steps <= 0) return 1.0;
+    return 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(at.global_step) / static_cast<double>(at.total_steps)));
+  };
+}
+
+LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps) {
+  MPIDDP_CHECK(warmup_steps >= 0, "with_warmup needs warmup_steps >= 0");
+  return [schedule = std::move(schedule), warmup_steps](const StepInfo& at) {
+    double f = schedule ? schedule(at) : 1.0;
+    if (at.global_step < warmup_steps) {
+      f *= static_cast<double>(at.global_step + 1) / static_cast<double>(warmup_steps);
+    }
+    return f;
+  };
+}
+
+LossFn default_loss(const DatasetInfo& data) {
+  if (data.classification) {
+    return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); };
+  }
+  return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); };
+}
+
+std::vector<torch::Tensor> parameters(const Model& model) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model.named_parameters()) out.push_back(p.second);
+  return out;
+}
+}  // namespace mpiddp
