@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,9 @@ class Model {
   /// The TorchScript file this model was loaded from ("" for a C++ module): snapshots carry it, so
   /// that `mpiddp export` can write the trained module back.
   virtual const std::string& torchscript_bytes() const;
+  /// Writes the TorchScript module with its current parameters and buffers (torch.jit.load reads
+  /// it); throws mpiddp::Error for a C++ module.
+  virtual void save_torchscript(std::ostream& out) const;
   /// The underlying C++ module (nullptr for TorchScript).
   virtual std::shared_ptr<torch::nn::Module> module() const { return nullptr; }
 };

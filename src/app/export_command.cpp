@@ -2,11 +2,11 @@
 // module with its trained weights (torch.jit.load) or a state_dict (torch.load + load_state_dict).
 #include <mpiddp/checkpoint.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/model.hpp>
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/script.h>
 
 #include <filesystem>
 #include <fstream>
@@ -51,32 +51,21 @@ std::string export_torchscript(const Snapshot& s, const std::string& name, const
   MPIDDP_CHECK(it != s.tensors.end(), "snapshot '" + name +
                                           "' is of a C++ model, not a TorchScript one: export it with --format state-dict");
   const auto bytes = it->second.contiguous();
-  std::istringstream in(std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())));
-  torch::jit::Module module;
+  auto model = load_torchscript_bytes(
+      std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())),
+      name + ":/torchscript");
   try {
-    module = torch::jit::load(in, torch::kCPU);
-  } catch (const std::exception& e) {
-    MPIDDP_THROW("snapshot '" + name + "': its TorchScript module does not load: " +
-                 std::string(e.what()).substr(0, std::string(e.what()).find('\n')));
+    load_named(*model, s.tensors, kModelPrefix);
+  } catch (const Error& e) {
+    MPIDDP_THROW("snapshot '" + name + "': " + e.message());
   }
-  std::map<std::string, torch::Tensor> trained(s.tensors.begin(), s.tensors.end());
-  torch::NoGradGuard no_grad;
-  int64_t n = 0;
-  auto put = [&](const std::string& key, torch::Tensor t) {
-    auto found = trained.find(kModelPrefix + key);
-    MPIDDP_CHECK(found != trained.end(), "snapshot '" + name + "' lacks the module's '" + key + "'");
-    MPIDDP_CHECK(found->second.sizes() == t.sizes(), "snapshot '" + name + "': '" + key + "' has another shape than the module's");
-    t.copy_(found->second);
-    ++n;
-  };
-  for (const auto& p : module.named_parameters(true)) put(p.name, p.value);
-  for (const auto& b : module.named_buffers(true)) put(b.name, b.value);
   std::ostringstream os;
-  module.save(os);
+  model->save_torchscript(os);
   const auto text = os.str();
   write_bytes(out, text.data(), text.size());
-  return "TorchScript module " + module.type()->name()->qualifiedName() + " with " + std::to_string(n) +
-         " trained tensors (load: torch.jit.load)";
+  const auto tensors = model->named_parameters().size() + model->named_buffers().size();
+  return "TorchScript module " + model->description().substr(std::string("torchscript ").size()) + " with " +
+         std::to_string(tensors) + " trained tensors (load: torch.jit.load)";
 }
 
 // torch.save's format (a zip of data.pkl and one record per storage), as torch::pickle_save

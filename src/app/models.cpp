@@ -4,17 +4,13 @@
 
 #include <filesystem>
 
+#include "common/text.hpp"
+
 namespace mpiddp::app {
 
 namespace {
 
 namespace nn = torch::nn;
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 torch::Tensor flat(const torch::Tensor& x) { return x.dim() > 2 ? x.flatten(1) : x; }
 
@@ -66,8 +62,6 @@ int64_t flat_size(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-bool is_builtin_model(const std::string& spec) { return spec == "linear" || spec == "mlp" || spec == "cnn"; }
-
 std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& data) {
   const int64_t in = flat_size(data.sample_shape);
   const int64_t out = data.classification ? data.num_classes : data.target_dim;
@@ -75,7 +69,7 @@ std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& da
   if (spec == "mlp") return wrap_module(Mlp(in, out), "mlp");
   if (spec == "cnn") {
     MPIDDP_CHECK(data.sample_shape == std::vector<int64_t>({1, 28, 28}),
-                 "--model cnn needs inputs of [1, 28, 28]; '" + data.path + "' has " + shape_text(data.sample_shape));
+                 "--model cnn needs inputs of [1, 28, 28]; '" + data.path + "' has " + detail::shape_text(data.sample_shape));
     MPIDDP_CHECK(data.classification && data.num_classes == 10,
                  "--model cnn needs 10 classes; '" + data.path + "' has " +
                      (data.classification ? std::to_string(data.num_classes) + " classes" : "regression targets"));

@@ -17,7 +17,4 @@ namespace mpiddp::app {
 /// out = the classes, or the regression targets' width.
 std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& data);
 
-/// True for the built-in names.
-bool is_builtin_model(const std::string& spec);
-
 }  // namespace mpiddp::app

@@ -7,17 +7,14 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/text.hpp"
+
 namespace mpiddp {
 
+using detail::first_line;
+using detail::shape_text;
+
 namespace {
-
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-std::string shape_text(const torch::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
 
 class ModuleModel final : public Model {
  public:
@@ -67,6 +64,7 @@ class ScriptModel final : public Model {
   void to(c10::Device device) override { module_.to(device); }
   std::string description() const override { return "torchscript " + module_.type()->name()->qualifiedName(); }
   const std::string& torchscript_bytes() const override { return bytes_; }
+  void save_torchscript(std::ostream& out) const override { module_.save(out); }
 
  private:
   torch::jit::Module module_;
@@ -79,6 +77,10 @@ class ScriptModel final : public Model {
 const std::string& Model::torchscript_bytes() const {
   static const std::string none;
   return none;
+}
+
+void Model::save_torchscript(std::ostream& /*out*/) const {
+  MPIDDP_THROW("the model (" + description() + ") is a C++ module, not a TorchScript one");
 }
 
 std::shared_ptr<Model> wrap_module(std::shared_ptr<torch::nn::Module> module,
@@ -117,8 +119,8 @@ void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensor
       auto it = tensors.find(prefix + name);
       MPIDDP_CHECK(it != tensors.end(), std::string("no tensor for the model's ") + what + " '" + name + "'");
       MPIDDP_CHECK(it->second.sizes() == t.sizes(), std::string("the model's ") + what + " '" + name + "' is " +
-                                                        shape_text(t) + " but the tensor given is " +
-                                                        shape_text(it->second));
+                                                        shape_text(t.sizes()) + " but the tensor given is " +
+                                                        shape_text(it->second.sizes()));
       t.copy_(it->second);
     }
   };

@@ -17,10 +17,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/text.hpp"
 #include "train/progress.hpp"
 #include "train/stop_signals.hpp"
 
 namespace mpiddp {
+
+using detail::first_line;
+using detail::shape_text;
 
 namespace {
 
@@ -33,14 +37,6 @@ int64_t flat_size(const std::vector<int64_t>& shape) {
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-
-std::string shape_text(c10::IntArrayRef shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 }  // namespace
 
@@ -103,18 +99,19 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
     torch::NoGradGuard no_grad;
     const auto probe = train_->read_range(0, std::min<int64_t>(2, train_->size()));
     torch::Tensor out;
+    struct BackToTraining {
+      Model& model;
+      ~BackToTraining() { model.train(true); }
+    } back{*model_};
     model_->train(false);
     try {
       out = model_->forward(probe.inputs.to(o.device));
     } catch (const Error&) {
-      model_->train(true);
       throw;
     } catch (const std::exception& e) {
-      model_->train(true);
       MPIDDP_THROW("the model (" + model_->description() + ") fails on inputs of " +
                    shape_text(probe.inputs.sizes()) + ": " + first_line(e.what()));
     }
-    model_->train(true);
     const int64_t n = probe.inputs.size(0);
     if (info.classification) {
       MPIDDP_CHECK(out.dim() == 2 && out.size(0) == n,

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/text.hpp"
 #include "train/progress.hpp"
 #include "train/train_state.hpp"
 
@@ -22,9 +23,7 @@ double unix_seconds() {
 }
 
 std::string tensor_text(const torch::Tensor& t) {
-  std::string s = std::string(c10::toString(t.scalar_type())) + "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
+  return std::string(c10::toString(t.scalar_type())) + detail::shape_text(t.sizes());
 }
 
 }  // namespace

@@ -1,0 +1,21 @@
+// Internal: small text helpers for error messages.
+#pragma once
+
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mpiddp::detail {
+
+/// "[128, 20]"
+inline std::string shape_text(c10::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// The first line of a (library's multi-line) message.
+inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace mpiddp::detail
