@@ -20,6 +20,9 @@
 #include <vector>
 
 namespace mpiddp {
+namespace detail {
+class StallMonitor;
+}
 
 enum class ReduceOp { kSum, kAvg, kMin, kMax };
 enum class Collective { kAllreduce, kBroadcast, kAllgather, kReduceScatter, kAlltoall, kBarrier };
@@ -40,6 +43,13 @@ bool is_supported_dtype(c10::ScalarType t);
 class CollectiveTimeout : public Error {
  public:
   using Error::Error;
+  /// Whether this rank is the one that reports the timeout (the lowest rank known to wait in the
+  /// collective): the others end quietly so that the job's log holds one error line.
+  bool reporter() const noexcept { return reporter_; }
+  void set_reporter(bool r) noexcept { reporter_ = r; }
+
+ private:
+  bool reporter_ = true;
 };
 /// Thrown on every rank when ranks issued different collectives at the same sequence number.
 class CollectiveMismatch : public Error {
@@ -65,6 +75,10 @@ struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   /// Descriptor exchange before each collective (see above). Environment: MPIDDP_CHECK_COLLECTIVES=1.
   bool check_collectives = false;
+  /// A wait in one collective longer than this logs, on every waiting rank, which ranks are
+  /// behind and where (again every such period); zero: no warnings. The timeout error names the
+  /// stalled ranks either way. Environment: MPIDDP_STALL_WARNING (s, 0 = off).
+  std::chrono::milliseconds stall_warning{std::chrono::seconds(60)};
 
   /// Defaults overridden by the environment variables named above.
   static CommOptions from_environment();
@@ -120,6 +134,7 @@ class ProcessGroup {
     int root = 0;
     uint64_t seq = 0;
     bool in_place = false;
+    std::shared_ptr<detail::StallMonitor> stall;  ///< names stalled ranks (set by the group)
     std::string describe() const;  ///< "allreduce #7 (float32[1031], sum)"
   };
 
@@ -144,7 +159,8 @@ class ProcessGroup {
   int rank_ = 0;
   int size_ = 1;
   uint64_t seq_ = 0;
-  MPI_Comm control_ = MPI_COMM_NULL;  ///< check mode's descriptor exchange
+  MPI_Comm control_ = MPI_COMM_NULL;  ///< check mode's descriptor exchange and stall notices
+  std::shared_ptr<detail::StallMonitor> stall_;
 
  public:
   struct Checker;  ///< check mode's state (opaque; defined in process_group.cpp)

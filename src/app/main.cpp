@@ -1,11 +1,13 @@
 // mpiddp: one executable, several subcommands. MPI is initialised once here; each subcommand
 // receives the Runtime and its own arguments.
 #include <mpiddp/allocator.hpp>
+#include <mpiddp/comm.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <iostream>
+#include <thread>
 #include <memory>
 
 #include "app/cli.hpp"
@@ -80,6 +82,15 @@ int main(int argc, char** argv) {
     // Every rank raised this one together: report once, end cleanly.
     if (runtime->rank() == 0) std::cerr << "mpiddp " << args[0] << ": error: " << e.message() << std::endl;
     code = mpiddp::app::kExitFailure;
+  } catch (const mpiddp::CollectiveTimeout& e) {
+    // Every waiting rank times out at about the same moment; the lowest of them reports, the
+    // others give it a moment to do so before they end the job too.
+    if (e.reporter()) {
+      std::cerr << "mpiddp: error: " + std::string(e.what()) + "\n" << std::flush;
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
+    runtime->abort(mpiddp::app::kExitFailure);
   } catch (const std::exception& e) {
     // A failure inside a collective phase: the other ranks may be waiting in a collective that
     // this rank will never enter, so the whole job ends here rather than hangs.

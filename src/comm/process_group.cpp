@@ -3,6 +3,7 @@
 #include <mpiddp/error.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "comm/backends.hpp"
+#include "comm/stall.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
 
@@ -85,12 +87,25 @@ CommOptions CommOptions::from_environment() {
     MPIDDP_CHECK(v == "0" || v == "1", "MPIDDP_CHECK_COLLECTIVES must be 0 or 1, got '" + v + "'");
     o.check_collectives = v == "1";
   }
+  if (const char* w = std::getenv("MPIDDP_STALL_WARNING"); w && *w) {
+    char* end = nullptr;
+    const double seconds = std::strtod(w, &end);
+    MPIDDP_CHECK(*end == '\0' && seconds >= 0,
+                 std::string("MPIDDP_STALL_WARNING must be a number of seconds >= 0 (0: no warnings), got '") + w + "'");
+    o.stall_warning = std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
+  }
   return o;
 }
 
 // ---- Work ----------------------------------------------------------------------------------
 
 namespace detail {
+
+namespace {
+// Set by the first collective that times out: the job is ending (the caller aborts it), so a
+// handle dropped while that error unwinds must not wait a second timeout for its own transfer.
+std::atomic<bool> g_timed_out{false};
+}  // namespace
 
 PollingWork::PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout,
                          std::vector<torch::Tensor> keep, std::function<void()> finish)
@@ -112,6 +127,7 @@ bool PollingWork::test() {
   }
   completed_ = true;
   keep_.clear();
+  if (call_.stall) call_.stall->on_done(call_);
   return true;
 }
 
@@ -125,12 +141,16 @@ void PollingWork::wait() {
     ++polls;
     if (polls % 64 != 0) continue;  // a clock read costs more than a poll of a short collective
     waited = std::chrono::steady_clock::now() - start_;
+    if (call_.stall) call_.stall->on_wait(call_, waited);
     if (waited > timeout_) {
       on_timeout();
       std::ostringstream msg;
       msg << what() << " did not complete within " << static_cast<double>(timeout_.count()) / 1000.0 << " s: "
           << who_is_missing();
-      failure_ = std::make_exception_ptr(CollectiveTimeout(msg.str(), __FILE__, __LINE__));
+      g_timed_out = true;
+      CollectiveTimeout error(msg.str(), __FILE__, __LINE__);
+      if (call_.stall) error.set_reporter(call_.stall->lowest_waiting(call_) == call_.stall->rank());
+      failure_ = std::make_exception_ptr(error);
       std::rethrow_exception(failure_);
     }
     if (waited > std::chrono::milliseconds(100)) {
@@ -142,11 +162,22 @@ void PollingWork::wait() {
 }
 
 std::string PollingWork::who_is_missing() {
-  return "the late ranks are named in check mode only (MPIDDP_CHECK_COLLECTIVES=1)";
+  // Peers time out at about the same moment; a few seconds let their notices arrive.
+  if (call_.stall) return call_.stall->behind_after(call_, std::chrono::seconds(3));
+  return "the late ranks are not known";
 }
 
 void PollingWork::settle() noexcept {
   if (completed_ || failure_) return;  // nothing in flight, or the caller has the error
+  if (g_timed_out) {
+    // Another collective timed out and its error is on its way to end the job: leave this one
+    // posted, and its buffers alive for as long as the process lives.
+    static std::vector<torch::Tensor> abandoned;
+    abandoned.insert(abandoned.end(), keep_.begin(), keep_.end());
+    abandoned.push_back(call_.input);
+    abandoned.push_back(call_.output);
+    return;
+  }
   try {
     wait();
   } catch (const CollectiveMismatch&) {
@@ -355,9 +386,10 @@ std::string ProcessGroup::Call::describe() const {
 
 ProcessGroup::ProcessGroup(const Runtime& runtime, CommOptions options)
     : runtime_(runtime), options_(options), rank_(runtime.rank()), size_(runtime.size()) {
+  MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &control_));
+  MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN));
+  if (size_ > 1) stall_ = std::make_shared<detail::StallMonitor>(control_, rank_, size_, options_.stall_warning);
   if (options_.check_collectives) {
-    MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &control_));
-    MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN));
     checker_ = std::make_shared<Checker>();
     checker_->pg = this;
     checker_->comm = control_;
@@ -365,6 +397,7 @@ ProcessGroup::ProcessGroup(const Runtime& runtime, CommOptions options)
 }
 
 ProcessGroup::~ProcessGroup() {
+  stall_.reset();  // before its communicator goes
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (control_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&control_);
@@ -473,6 +506,7 @@ WorkHandle ProcessGroup::start(const Call& call) {
 WorkHandle ProcessGroup::issue(Call call) {
   validate(call);
   call.seq = ++seq_;
+  call.stall = stall_;
   if (call.kind != Collective::kBarrier) {
     switch (call.kind) {
       case Collective::kAllgather:  // input is this rank's slice of the output

@@ -1,10 +1,13 @@
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>
+#include <mpiddp/comm.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <map>
@@ -224,6 +227,28 @@ std::vector<std::string> split_pieces(const std::string& all, const std::vector<
   return out;
 }
 
+// Completes a non-blocking collective of the helpers below within the communication timeout
+// (MPIDDP_COMM_TIMEOUT), so a rank that never arrives (stopped, hung, dead) ends the wait with
+// CollectiveTimeout instead of hanging the job. Sleeps between tests once the wait is long.
+void complete(MPI_Request& request, const char* what) {
+  static const auto timeout = CommOptions::from_environment().timeout;
+  const auto start = std::chrono::steady_clock::now();
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    MPIDDP_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (polls < 1000) continue;
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited > timeout) {
+      throw CollectiveTimeout(std::string(what) + " did not complete within " +
+                                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+                                  " s (MPIDDP_COMM_TIMEOUT): a rank has stopped, hung or died",
+                              __FILE__, __LINE__);
+    }
+    if (waited > std::chrono::milliseconds(100)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 int checked_length(const std::string& s) {
   MPIDDP_CHECK(s.size() <= static_cast<size_t>(INT_MAX), "string too long to gather");
   return static_cast<int>(s.size());
@@ -237,12 +262,15 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& local,
   MPIDDP_CHECK_MPI(MPI_Comm_size(comm, &size));
   int len = checked_length(local);
   std::vector<int> lens(rank == root ? static_cast<size_t>(size) : 0);
-  MPIDDP_CHECK_MPI(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm));
+  MPI_Request rq;
+  MPIDDP_CHECK_MPI(MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm, &rq));
+  complete(rq, "gather of per-rank text");
   int total = 0;
   std::vector<int> displs = displacements(lens, &total);
   std::string all(static_cast<size_t>(total), '\0');
-  MPIDDP_CHECK_MPI(MPI_Gatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
-                               root, comm));
+  MPIDDP_CHECK_MPI(MPI_Igatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
+                                root, comm, &rq));
+  complete(rq, "gather of per-rank text");
   return split_pieces(all, lens, displs);
 }
 
@@ -251,23 +279,29 @@ std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& loc
   MPIDDP_CHECK_MPI(MPI_Comm_size(comm, &size));
   int len = checked_length(local);
   std::vector<int> lens(static_cast<size_t>(size));
-  MPIDDP_CHECK_MPI(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+  MPI_Request rq;
+  MPIDDP_CHECK_MPI(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &rq));
+  complete(rq, "all-gather of per-rank text");
   int total = 0;
   std::vector<int> displs = displacements(lens, &total);
   std::string all(static_cast<size_t>(total), '\0');
   MPIDDP_CHECK_MPI(
-      MPI_Allgatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm));
+      MPI_Iallgatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm, &rq));
+  complete(rq, "all-gather of per-rank text");
   return split_pieces(all, lens, displs);
 }
 
 void broadcast_bytes(MPI_Comm comm, std::vector<char>& bytes, int root) {
   auto size = static_cast<int64_t>(bytes.size());
-  MPIDDP_CHECK_MPI(MPI_Bcast(&size, 1, MPI_INT64_T, root, comm));
+  MPI_Request rq;
+  MPIDDP_CHECK_MPI(MPI_Ibcast(&size, 1, MPI_INT64_T, root, comm, &rq));
+  complete(rq, "broadcast of a byte count");
   bytes.resize(static_cast<size_t>(size));
   constexpr int64_t kPiece = int64_t{1} << 30;  // MPI counts are int
   for (int64_t at = 0; at < size; at += kPiece) {
     const int n = static_cast<int>(std::min(kPiece, size - at));
-    MPIDDP_CHECK_MPI(MPI_Bcast(bytes.data() + at, n, MPI_BYTE, root, comm));
+    MPIDDP_CHECK_MPI(MPI_Ibcast(bytes.data() + at, n, MPI_BYTE, root, comm, &rq));
+    complete(rq, "broadcast of bytes");
   }
 }
 
@@ -279,7 +313,9 @@ void broadcast_string(MPI_Comm comm, std::string& value, int root) {
 
 bool all_ok(MPI_Comm comm, bool local_ok) {
   int ok = local_ok ? 1 : 0;
-  MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm));
+  MPI_Request rq;
+  MPIDDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm, &rq));
+  complete(rq, "agreement of all ranks");
   return ok == 1;
 }
 

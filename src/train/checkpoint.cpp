@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -25,7 +26,14 @@ namespace fs = std::filesystem;
 using detail::Hid;
 
 constexpr const char* kFormat = "mpiddp-snapshot";
-constexpr int64_t kFormatVersion = 1;
+constexpr int64_t kFormatVersion = 2;
+// Since format 2 every snapshot starts with a 512-byte HDF5 user block (HDF5 and h5py skip it)
+// that holds a text header: the file's size and a CRC-32 (zlib) of every byte after the block.
+// A reader checks both on the bytes it already holds before HDF5 parses anything, so damage
+// anywhere in the file is refused without HDF5 ever walking damaged metadata. Format 1 files
+// (no user block; they start with HDF5's signature) are still read, with only the inner checksum.
+constexpr size_t kUserBlock = 512;
+constexpr const char kHdf5Signature[] = "\x89HDF\r\n\x1a\n";
 constexpr const char* kChecksumAttr = "checksum_crc32";
 constexpr const char* kDtypeAttr = "dtype";
 
@@ -61,19 +69,61 @@ const DtypeInfo* dtype_named(const std::string& name) {
   return nullptr;
 }
 
+// zlib's CRC-32 of `crc` extended by n bytes (crc32 takes uInt lengths).
+uLong crc_update(uLong crc, const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    const auto piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = crc32(crc, p, piece);
+    p += piece;
+    n -= piece;
+  }
+  return crc;
+}
+
+uint32_t crc32_of(const char* data, size_t n) { return static_cast<uint32_t>(crc_update(crc32(0L, Z_NULL, 0), data, n)); }
+
+// The user block's text, NUL-padded to kUserBlock bytes: the only form a reader accepts.
+std::string user_block(uint64_t file_bytes, uint32_t crc) {
+  char text[128];
+  const int n = std::snprintf(text, sizeof text, "%s %lld\nbytes %llu\ncrc32-after-512 %08x\n", kFormat,
+                              static_cast<long long>(kFormatVersion), static_cast<unsigned long long>(file_bytes),
+                              static_cast<unsigned>(crc));
+  std::string block(text, static_cast<size_t>(n));
+  block.resize(kUserBlock, '\0');
+  return block;
+}
+
+// Verifies a format-2 image's user block against its bytes; throws naming what is wrong.
+void verify_whole_file(const std::vector<char>& image, const std::string& name) {
+  auto fail = [&](const std::string& why) { MPIDDP_THROW("snapshot '" + name + "' " + why); };
+  if (image.size() < kUserBlock) {
+    fail("is truncated: " + std::to_string(image.size()) + " bytes, less than its " + std::to_string(kUserBlock) +
+         "-byte header");
+  }
+  unsigned long long bytes = 0;
+  unsigned crc = 0;
+  long long version = 0;
+  const std::string head(image.data(), kUserBlock);
+  const std::string pattern = std::string(kFormat) + " %lld\nbytes %llu\ncrc32-after-512 %8x\n";
+  if (std::sscanf(head.c_str(), pattern.c_str(), &version, &bytes, &crc) != 3 || version != kFormatVersion ||
+      head != user_block(bytes, crc)) {
+    fail("is damaged: its 512-byte header is not one mpiddp writes");
+  }
+  if (bytes != image.size()) {
+    fail(std::string(image.size() < bytes ? "is truncated" : "has bytes appended") + ": " +
+         std::to_string(image.size()) + " bytes where its header says " + std::to_string(bytes));
+  }
+  if (crc32_of(image.data() + kUserBlock, image.size() - kUserBlock) != crc) {
+    fail("is corrupt: the CRC-32 of its bytes does not match the one in its header (damaged on disk or in transit)");
+  }
+}
+
 // CRC-32 over everything a snapshot holds, in the maps' (sorted) order, so writer and reader
 // agree without storing any order.
 uint32_t checksum(const Snapshot& s) {
   uLong crc = crc32(0L, Z_NULL, 0);
-  auto add = [&](const void* data, size_t n) {
-    const auto* p = static_cast<const Bytef*>(data);
-    while (n > 0) {  // crc32 takes uInt lengths
-      const auto piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-      crc = crc32(crc, p, piece);
-      p += piece;
-      n -= piece;
-    }
-  };
+  auto add = [&](const void* data, size_t n) { crc = crc_update(crc, data, n); };
   auto add_text = [&](const std::string& t) { add(t.c_str(), t.size() + 1); };
   for (const auto& [name, t] : s.tensors) {
     add_text(name);
@@ -139,9 +189,13 @@ std::vector<char> file_image(const Snapshot& s) {
   const int64_t crc = checksum(s);
   detail::write_scalar_attr(f.get(), kChecksumAttr, H5T_NATIVE_INT64, &crc);
   MPIDDP_CHECK_HDF5(H5Fflush(f.get(), H5F_SCOPE_GLOBAL));
+  // The header goes in front of HDF5's image: HDF5 finds its superblock at 512 and takes the
+  // bytes before it as a user block, as for a file made by h5jam.
   const ssize_t size = MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), nullptr, 0));
-  std::vector<char> image(static_cast<size_t>(size));
-  MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), image.data(), image.size()));
+  std::vector<char> image(kUserBlock + static_cast<size_t>(size));
+  MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), image.data() + kUserBlock, static_cast<size_t>(size)));
+  const auto block = user_block(image.size(), crc32_of(image.data() + kUserBlock, image.size() - kUserBlock));
+  std::copy(block.begin(), block.end(), image.begin());
   return image;
 }
 
@@ -295,6 +349,15 @@ std::vector<char> read_file_bytes(const std::string& path) {
 Snapshot read_snapshot_image(const std::vector<char>& image, const std::string& name) {
   detail::quiet_hdf5();
   MPIDDP_CHECK(!image.empty(), "snapshot '" + name + "' is empty");
+  const size_t sig = sizeof kHdf5Signature - 1;
+  const bool legacy = image.size() >= sig && std::equal(kHdf5Signature, kHdf5Signature + sig, image.begin());
+  if (!legacy) {
+    const std::string magic = std::string(kFormat) + " ";
+    MPIDDP_CHECK(image.size() < magic.size() ? std::equal(image.begin(), image.end(), magic.begin())
+                                             : std::equal(magic.begin(), magic.end(), image.begin()),
+                 "snapshot '" + name + "' is not an mpiddp snapshot (it starts neither with mpiddp's header nor with HDF5's signature)");
+    verify_whole_file(image, name);  // before HDF5 reads a byte of it
+  }
   Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
   MPIDDP_CHECK_HDF5(H5Pset_fapl_core(fapl.get(), 1 << 20, 0));
   MPIDDP_CHECK_HDF5(H5Pset_file_image(fapl.get(), const_cast<char*>(image.data()), image.size()));

@@ -59,6 +59,34 @@ line_after() { grep -A1 -x -- "$1" <<<"$3" | tail -n 1 | grep -q -x -- "$2"; }
 not_timed_out() { [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; }
 failed_cleanly() { [ "$rc" -ne 0 ] && not_timed_out; }
 
+# PID of world rank R among the processes whose command line mentions MARK (mpirun excluded:
+# only ranks carry OMPI_COMM_WORLD_RANK, or PMI_RANK under other launchers).
+rank_pid() {
+  local mark=$1 r=$2 pid
+  for pid in $(pgrep -f -- "$mark"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q -x -E "(OMPI_COMM_WORLD_RANK|PMI_RANK)=$r"; then
+      echo "$pid"
+      return 0
+    fi
+  done
+  return 1
+}
+# (these two and rank_pid use the script's $tmp)
+# start_bg N args...: mpiexec in the background; its output in $tmp/bg.out/.err, PID in $bg
+start_bg() {
+  local n=$1
+  shift
+  # shellcheck disable=SC2086
+  env -u SLURM_NTASKS -u SLURM_STEP_NUM_TASKS -u PMI_SIZE timeout -k 5 "$MPIDDP_TEST_DEADLINE" \
+    "$MPIEXEC" -n "$n" $MPIEXEC_FLAGS "$@" >"$tmp/bg.out" 2>"$tmp/bg.err" &
+  bg=$!
+}
+wait_bg() {
+  wait "$bg"
+  rc=$?
+  out=$(cat "$tmp/bg.out") err=$(cat "$tmp/bg.err")
+}
+
 finish() {
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]

@@ -23,38 +23,12 @@ trap cleanup EXIT
 "$mpiddp" data synthetic --samples 2048 --features 30 --seed 1 --out "$tmp/syn30.h5" >/dev/null
 "$make_bad" "$tmp"
 
-# PID of world rank R among the processes whose command line mentions MARK (mpirun excluded:
-# only ranks carry OMPI_COMM_WORLD_RANK, or PMI_RANK under other launchers).
-rank_pid() {
-  local mark=$1 r=$2 pid
-  for pid in $(pgrep -f -- "$mark"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q -x -E "(OMPI_COMM_WORLD_RANK|PMI_RANK)=$r"; then
-      echo "$pid"
-      return 0
-    fi
-  done
-  return 1
-}
 # Step of the snapshot latest.h5 names in DIR (0 when none yet).
 latest_step() {
   local t
   t=$(readlink "$1/latest.h5" 2>/dev/null) || { echo 0; return; }
   t=${t#snapshot-step}
   echo $((10#${t%.h5}))
-}
-# start_bg N args...: mpiexec in the background; its output in $tmp/bg.out/.err, PID in $bg
-start_bg() {
-  local n=$1
-  shift
-  # shellcheck disable=SC2086
-  env -u SLURM_NTASKS -u SLURM_STEP_NUM_TASKS -u PMI_SIZE timeout -k 5 "$MPIDDP_TEST_DEADLINE" \
-    "$MPIEXEC" -n "$n" $MPIEXEC_FLAGS "$@" >"$tmp/bg.out" 2>"$tmp/bg.err" &
-  bg=$!
-}
-wait_bg() {
-  wait "$bg"
-  rc=$?
-  out=$(cat "$tmp/bg.out") err=$(cat "$tmp/bg.err")
 }
 wait_for_step() {  # wait_for_step DIR STEP: until latest.h5 reaches STEP (or the job ended)
   local i
@@ -138,11 +112,16 @@ PY
     check "$damage newest snapshot: auto says it falls back" contains "^warning: snapshot '$newest' .*; falling back to the previous snapshot" "$out"
     check "$damage newest snapshot: resumes from the previous one" contains "^Resuming training from snapshot at Epoch 2, step 8 (global step 32" "$out"
     check "$damage newest snapshot: completes" [ "$rc" -eq 0 ]
-    [ $damage = flip ] && want="is corrupt: its checksum does not match" || want="is not a readable HDF5 file"
+    [ $damage = flip ] && want="is corrupt: the CRC-32 of its bytes does not match" || want="is truncated: "
     run_np 2 "$mpiddp" "${cnn[@]}" --resume "$tmp/$damage-bad.h5"
     check "$damage snapshot named by --resume: refused" failed_cleanly
     check "$damage snapshot named by --resume: one line" one_line "$err"
     check "$damage snapshot named by --resume: says why" contains "cannot resume: snapshot '$tmp/$damage-bad.h5' $want" "$err"
+    run_alone "$mpiddp" export "$tmp/$damage-bad.h5" --out "$tmp/$damage-bad.pt"
+    check "$damage snapshot given to export: refused" failed_cleanly
+    check "$damage snapshot given to export: one line" one_line "$err"
+    check "$damage snapshot given to export: says why" contains "snapshot '$tmp/$damage-bad.h5' $want" "$err"
+    check "$damage snapshot given to export: writes nothing" [ ! -e "$tmp/$damage-bad.pt" ]
   done
 else
   echo "SKIP - cnn resume, tools and corruption tests: /usr/share/datasets/fashion-mnist is missing (dataset-fashion-mnist)"

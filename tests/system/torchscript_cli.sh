@@ -102,7 +102,7 @@ with h5py.File(sys.argv[1], "r") as f:
 with open(sys.argv[1], "r+b") as f:
     f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x01]))
 PY
-bad "export of a corrupt snapshot" "checksum" export "$tmp/corrupt.h5" --out "$tmp/x.pt"
+bad "export of a corrupt snapshot" "CRC-32" export "$tmp/corrupt.h5" --out "$tmp/x.pt"
 check "export of a corrupt snapshot: writes nothing" [ ! -e "$tmp/x.pt" ]
 run_np 1 "$mpiddp" train --model linear --data "$tmp/train.h5" --max-steps 2 --snapshot-dir "$tmp/linear"
 bad "export --format torchscript of a C++ model's snapshot" "is of a C++ model" \

@@ -114,7 +114,47 @@ TEST(Snapshot, BitFlipInDataIsRefused) {
   mpiddp::write_snapshot(dir / "a.h5", sample());
   flip_byte(dir / "a.h5", static_cast<std::streamoff>(data_offset(dir / "a.h5", "model/0.weight")) + 5);
   const auto why = error_of([&] { mpiddp::read_snapshot(dir / "a.h5"); });
-  EXPECT_NE(why.find("is corrupt: its checksum does not match"), std::string::npos) << why;
+  EXPECT_NE(why.find("is corrupt: the CRC-32 of its bytes does not match the one in its header"), std::string::npos)
+          << why;
+}
+
+TEST(Snapshot, HeaderNamesSizeAndChecksumAndHdf5ToolsSkipIt) {
+  TempDir dir;
+  mpiddp::write_snapshot(dir / "a.h5", sample());
+  const auto bytes = mpiddp::read_file_bytes(dir / "a.h5");
+  const std::string head(bytes.data(), 512);
+  EXPECT_EQ(head.rfind("mpiddp-snapshot 2\nbytes " + std::to_string(bytes.size()) + "\ncrc32-after-512 ", 0), 0u)
+          << head.c_str();
+  // The header is an HDF5 user block: plain HDF5 (h5py, h5dump) opens the file as it is.
+  hid_t f = H5Fopen((dir / "a.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  hid_t fcpl = H5Fget_create_plist(f);
+  hsize_t block = 0;
+  H5Pget_userblock(fcpl, &block);
+  EXPECT_EQ(block, 512u);
+  H5Pclose(fcpl);
+  H5Fclose(f);
+  // Bytes appended after a complete file, and a damaged header, are refused by name.
+  std::ofstream(dir / "a.h5", std::ios::app | std::ios::binary) << "x";
+  EXPECT_NE(error_of([&] { mpiddp::read_snapshot(dir / "a.h5"); }).find("has bytes appended"), std::string::npos);
+  fs::resize_file(dir / "a.h5", bytes.size());
+  flip_byte(dir / "a.h5", 300);  // inside the header's NUL padding
+  EXPECT_NE(error_of([&] { mpiddp::read_snapshot(dir / "a.h5"); }).find("its 512-byte header is not one mpiddp writes"),
+            std::string::npos);
+}
+
+TEST(Snapshot, Format1FilesWrittenBeforeTheHeaderAreStillRead) {
+  // tests/data/snapshot-format1.h5: `mpiddp train --model linear` (4 features, 1 epoch of 4 steps)
+  // with the writer of format 1 (no header; the inner CRC only).
+  const std::string old = std::string(MPIDDP_TEST_DATA_DIR) + "/snapshot-format1.h5";
+  const auto s = mpiddp::read_snapshot(old);
+  EXPECT_EQ(s.ints.at("global_step"), 4);
+  EXPECT_EQ(s.texts.at("model"), "linear");
+  EXPECT_EQ(s.tensors.at("model/fc.weight").sizes(), (std::vector<int64_t>{1, 4}));
+  auto bytes = mpiddp::read_file_bytes(old);
+  bytes[data_offset(old, "model/fc.weight") + 2] ^= 0x01;  // a weight's bit: the inner CRC still catches it
+  EXPECT_NE(error_of([&] { mpiddp::read_snapshot_image(bytes, "old"); }).find("is corrupt: its checksum does not match"),
+            std::string::npos);
 }
 
 TEST(Snapshot, TruncatedFileIsRefused) {
@@ -129,7 +169,8 @@ TEST(Snapshot, TruncatedFileIsRefused) {
 TEST(Snapshot, ForeignFilesAreRefused) {
   TempDir dir;
   std::ofstream(dir / "text.h5") << "not hdf5 at all\n";
-  EXPECT_NE(error_of([&] { mpiddp::read_snapshot(dir / "text.h5"); }).find("not a readable HDF5 file"),
+  EXPECT_NE(error_of([&] { mpiddp::read_snapshot(dir / "text.h5"); })
+                    .find("is not an mpiddp snapshot (it starts neither with mpiddp's header nor with HDF5's signature)"),
             std::string::npos);
   hid_t f = H5Fcreate((dir / "plain.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   H5Fclose(f);

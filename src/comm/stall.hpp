@@ -1,0 +1,79 @@
+// Internal: names the ranks a stalled collective waits for, in normal runs (no check mode).
+//
+// A rank whose wait in a collective has lasted MPIDDP_STALL_WARNING seconds announces it to every
+// peer on the group's control communicator: a small notice {sequence number, description}, sent
+// with MPI_Isend so a peer that never reads it (stopped, hung, dead) cannot block the sender. The
+// ranks that announced a wait in the same collective have arrived; the rest are behind, and a
+// notice from a rank waiting in another collective says where it is. Nothing is sent or polled
+// until a wait grows long, so a healthy run pays one clock comparison per clock read it already
+// makes. Not thread-safe: a group's collectives are waited on from one thread.
+#pragma once
+
+#include <mpiddp/comm.hpp>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mpiddp::detail {
+
+class StallMonitor {
+ public:
+  /// `control` is a communicator of the group's ranks reserved for notices (not freed here);
+  /// `warning`: how long a wait lasts before it is logged (zero: never).
+  StallMonitor(MPI_Comm control, int rank, int size, std::chrono::milliseconds warning);
+  ~StallMonitor();
+  StallMonitor(const StallMonitor&) = delete;
+  StallMonitor& operator=(const StallMonitor&) = delete;
+
+  int rank() const { return rank_; }
+  /// Announces (once per collective) that this rank waits in `call`, reads the notices that have
+  /// come in, and says who is behind: "rank 2 has not reached it (ranks 0,1 wait in it)".
+  std::string behind(const ProcessGroup::Call& call);
+  /// behind(), after giving peers up to `grace` to announce their own wait in `call` (used at the
+  /// timeout, when the warning may not have gone out yet).
+  std::string behind_after(const ProcessGroup::Call& call, std::chrono::milliseconds grace);
+  /// Called by a wait in `call` that has lasted `waited`: every `warning` of it, logs on stderr
+  /// "mpiddp: warning: [rank R] <call> has waited N s: <behind()>".
+  void on_wait(const ProcessGroup::Call& call, std::chrono::steady_clock::duration waited);
+  /// Called when `call` completes: if this rank announced a wait in it, says it has moved on.
+  void on_done(const ProcessGroup::Call& call) {
+    if (announced_ == call.seq && !resolved_) resolve(call);
+  }
+  /// The lowest rank known to wait in any collective (this rank included): the one that reports
+  /// a timeout.
+  int lowest_waiting(const ProcessGroup::Call& call);
+
+ private:
+  struct Notice {
+    uint64_t seq = 0;      ///< 0: nothing heard
+    int32_t waiting = 0;   ///< 1: waits in `seq`; 0: its wait there has ended
+    char what[116] = {};
+  };
+  void announce(const ProcessGroup::Call& call);
+  void send(const Notice& notice);
+  void drain();
+
+  MPI_Comm comm_;
+  int rank_, size_;
+  std::vector<Notice> latest_;  ///< per rank, the newest wait it announced
+  Notice inbox_;
+  MPI_Request recv_ = MPI_REQUEST_NULL;
+  struct Sent {
+    std::unique_ptr<Notice> notice;
+    std::vector<MPI_Request> requests;
+  };
+  std::deque<Sent> sent_;  ///< kept until delivered: a stopped peer may never take its copy
+  void resolve(const ProcessGroup::Call& call);
+  uint64_t announced_ = 0;
+  bool resolved_ = false;
+  std::chrono::milliseconds warning_;
+  uint64_t warned_seq_ = 0;
+  std::chrono::steady_clock::duration next_warning_{};
+};
+
+}  // namespace mpiddp::detail
