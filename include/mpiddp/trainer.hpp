@@ -105,7 +105,8 @@ class Trainer {
 
   /// Trains (collective), resuming from a snapshot as options().resume says. `on_epoch` runs on
   /// every rank after each epoch; `lines` receives the text every rank reports
-  /// ("[RANK r] Epoch e | Batchsize: b | Steps: s"), gathered in rank order on rank 0. `on_note`
+  /// ("[RANK r] Epoch e | Batchsize: b | Steps: s"), in rank order on rank 0 (empty elsewhere;
+  /// rank 0 writes them: the ranks step in lockstep). `on_note`
   /// receives rank 0's notes (resumed from, skipped steps, stop). SIGTERM or SIGUSR1 on any rank
   /// stops every rank at the same step boundary, after a snapshot when snapshot_dir is set.
   /// Failures the ranks agree on (bad snapshot, NaN loss, unwritable snapshot) throw
