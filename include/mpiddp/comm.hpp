@@ -77,8 +77,11 @@ struct CommOptions {
   bool check_collectives = false;
   /// A wait in one collective longer than this logs, on every waiting rank, which ranks are
   /// behind and where (again every such period); zero: no warnings. The timeout error names the
-  /// stalled ranks either way. Environment: MPIDDP_STALL_WARNING (s, 0 = off).
+  /// stalled ranks either way. Environment: MPIDDP_STALL_WARNING (s, 0 = no warnings).
   std::chrono::milliseconds stall_warning{std::chrono::seconds(60)};
+  /// The stall monitor itself (warnings and the naming at the timeout); MPIDDP_STALL_WARNING=off
+  /// turns it off: no notices are ever sent, and a timeout says only that it happened.
+  bool stall_monitor = true;
 
   /// Defaults overridden by the environment variables named above.
   static CommOptions from_environment();

@@ -87,11 +87,13 @@ CommOptions CommOptions::from_environment() {
     MPIDDP_CHECK(v == "0" || v == "1", "MPIDDP_CHECK_COLLECTIVES must be 0 or 1, got '" + v + "'");
     o.check_collectives = v == "1";
   }
-  if (const char* w = std::getenv("MPIDDP_STALL_WARNING"); w && *w) {
+  if (const char* w = std::getenv("MPIDDP_STALL_WARNING"); w && std::string(w) == "off") {
+    o.stall_monitor = false;
+  } else if (w && *w) {
     char* end = nullptr;
     const double seconds = std::strtod(w, &end);
     MPIDDP_CHECK(*end == '\0' && seconds >= 0,
-                 std::string("MPIDDP_STALL_WARNING must be a number of seconds >= 0 (0: no warnings), got '") + w + "'");
+                 std::string("MPIDDP_STALL_WARNING must be a number of seconds >= 0 (0: no warnings) or off, got '") + w + "'");
     o.stall_warning = std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
   }
   return o;
@@ -164,7 +166,7 @@ void PollingWork::wait() {
 std::string PollingWork::who_is_missing() {
   // Peers time out at about the same moment; a few seconds let their notices arrive.
   if (call_.stall) return call_.stall->behind_after(call_, std::chrono::seconds(3));
-  return "the late ranks are not known";
+  return "the late ranks are not named (the stall monitor is off: MPIDDP_STALL_WARNING=off)";
 }
 
 void PollingWork::settle() noexcept {
@@ -388,7 +390,7 @@ ProcessGroup::ProcessGroup(const Runtime& runtime, CommOptions options)
     : runtime_(runtime), options_(options), rank_(runtime.rank()), size_(runtime.size()) {
   MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &control_));
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN));
-  if (size_ > 1) stall_ = std::make_shared<detail::StallMonitor>(control_, rank_, size_, options_.stall_warning);
+  if (size_ > 1 && options_.stall_monitor) stall_ = std::make_shared<detail::StallMonitor>(control_, rank_, size_, options_.stall_warning);
   if (options_.check_collectives) {
     checker_ = std::make_shared<Checker>();
     checker_->pg = this;
