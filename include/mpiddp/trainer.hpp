@@ -70,6 +70,10 @@ struct TrainerOptions {
   int keep = 3;               ///< snapshots kept in snapshot_dir (0: all)
   std::string resume = "auto";   ///< auto (newest valid in snapshot_dir) | never | a snapshot file
   bool skip_nonfinite_loss = false;  ///< NaN/Inf loss: skip that step's update (false: throw)
+  /// > 0: before each update, scale the gradients so that their global L2 norm (over all
+  /// parameters, as torch.nn.utils.clip_grad_norm_) is at most this. It applies to the averaged
+  /// gradients DDP leaves on every rank, so every rank computes the same norm and scale.
+  double clip_grad_norm = 0;
   bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
   std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
   DdpOptions ddp;

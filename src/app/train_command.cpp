@@ -59,6 +59,8 @@ void check_config(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(t.save_every >= 0 && t.save_every_steps >= 0, "--save-every and --save-every-steps must be >= 0");
   MPIDDP_CHECK(t.keep >= 0, "--keep must be >= 0");
   MPIDDP_CHECK(c.on_nan == "stop" || c.on_nan == "skip", "unknown --on-nan '" + c.on_nan + "' (stop, skip)");
+  MPIDDP_CHECK(t.clip_grad_norm >= 0 && std::isfinite(t.clip_grad_norm),
+               "--clip-grad-norm must be >= 0 (0: no clipping), got " + std::to_string(t.clip_grad_norm));
   MPIDDP_CHECK(!t.resume.empty(), "--resume takes auto, never or a snapshot file");
   if (t.resume != "auto" && t.resume != "never" && runtime.rank() == 0) {
     MPIDDP_CHECK(std::filesystem::exists(t.resume), "--resume: snapshot '" + t.resume + "' does not exist");
@@ -89,7 +91,8 @@ std::string config_json(const TrainConfig& c, int threads, int world_size) {
                       {"lr_schedule", c.schedule}, {"step_size", c.step_size}, {"gamma", c.gamma},
                       {"warmup_steps", c.warmup_steps}, {"seed", t.seed}, {"shuffle", t.shuffle},
                       {"drop_last", t.drop_last}, {"device", c.device}, {"backend", c.backend}, {"loss", c.loss},
-                      {"threads", threads}, {"world_size", world_size}, {"on_nan", c.on_nan}};
+                      {"threads", threads}, {"world_size", world_size}, {"on_nan", c.on_nan},
+                      {"clip_grad_norm", t.clip_grad_norm}};
   return j.dump();
 }
 
@@ -137,7 +140,9 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "resume", po::value(&t.resume)->default_value("auto"),
       "auto (newest valid snapshot in --snapshot-dir, if any) | never | a snapshot file")(
       "on-nan", po::value(&c.on_nan)->default_value("stop"),
-      "NaN/Inf loss: stop (an error naming the step) | skip (drop that step's update)");
+      "NaN/Inf loss: stop (an error naming the step) | skip (drop that step's update)")(
+      "clip-grad-norm", po::value(&t.clip_grad_norm)->default_value(0.0, "0"),
+      "scale the averaged gradients to a global L2 norm of at most X before each update (0: off)");
 
   po::variables_map vm;
   int threads = 1;

@@ -50,6 +50,8 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   MPIDDP_CHECK(model_ && optimizer_, "Trainer needs a model and an optimizer");
   MPIDDP_CHECK(o.epochs > 0, "TrainerOptions::epochs must be > 0, got " + std::to_string(o.epochs));
   MPIDDP_CHECK(o.batch_size > 0, "TrainerOptions::batch_size must be > 0, got " + std::to_string(o.batch_size));
+  MPIDDP_CHECK(o.clip_grad_norm >= 0 && std::isfinite(o.clip_grad_norm),
+               "TrainerOptions::clip_grad_norm must be >= 0 (0: no clipping), got " + std::to_string(o.clip_grad_norm));
   MPIDDP_CHECK(o.max_steps >= 0, "TrainerOptions::max_steps must be >= 0");
   MPIDDP_CHECK(o.save_every >= 0 && o.save_every_steps >= 0, "TrainerOptions::save_every(_steps) must be >= 0");
   MPIDDP_CHECK(o.keep >= 0, "TrainerOptions::keep must be >= 0");
@@ -231,6 +233,10 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     const auto& groups = optimizer_->param_groups();
     return groups.empty() ? 0.0 : groups.front().options().get_lr();
   };
+  std::vector<torch::Tensor> clip_params;  // what clipping scales: the trainable parameters
+  for (const auto& [name, param] : model_->named_parameters()) {
+    if (param.requires_grad()) clip_params.push_back(param);
+  }
   model_->train(true);
   for (; p.epoch < o.epochs && p.global_step < total_steps; ++p.epoch, p.step_in_epoch = 0, p.loss_sum = 0,
                                                                 p.seconds = 0) {
@@ -266,6 +272,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
              "; update skipped");
         ++p.skipped;
       } else {
+        if (o.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(clip_params, o.clip_grad_norm);
         optimizer_->step();
         p.loss_sum += loss_value;
       }

@@ -4,7 +4,7 @@ reference in Python (Debian's python3-torch) and compares with what mpiddp train
   make-data OUT.h5 N SEED [SIZE]     classification set in mpiddp's layout: [N, 1, SIZE, SIZE] float32,
                                      4 classes used (of 4 at SIZE 8, of 10 otherwise)
   make-model KIND OUT.pt SEED        KIND: plain (conv, linear) | bn (conv, BatchNorm, linear) | resnet18
-  reference MODEL.pt DATA.h5 RANKS BATCH STEPS LR MOMENTUM OUT.pt
+  reference MODEL.pt DATA.h5 RANKS BATCH STEPS LR MOMENTUM OUT.pt [CLIP]  (CLIP > 0: clip_grad_norm_)
       SGD on the global batch RANKS x BATCH for STEPS steps, in the order mpiddp's sampler gives
       without shuffling (rank r takes samples r, r + RANKS, ...). Without BatchNorm that is one
       forward of the global batch. With it, it is what DDP computes: each rank's slice is its own
@@ -104,8 +104,8 @@ def make_model(kind, out, seed):
     torch.jit.script(m).save(out)
 
 
-def reference(model, data, ranks, batch, steps, lr, momentum, out):
-    ranks, batch, steps = int(ranks), int(batch), int(steps)
+def reference(model, data, ranks, batch, steps, lr, momentum, out, clip="0"):
+    ranks, batch, steps, clip = int(ranks), int(batch), int(steps), float(clip)
     m = torch.jit.load(model)
     m.train()
     x, y = load_data(data)
@@ -130,6 +130,8 @@ def reference(model, data, ranks, batch, steps, lr, momentum, out):
             with torch.no_grad():
                 for k, b in m.named_buffers():
                     b.copy_(kept[k])
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
         opt.step()
     torch.save({k: v.detach().clone() for k, v in m.state_dict().items()}, out)
 

@@ -17,6 +17,23 @@ ref make-model bn "$tmp/bn.pt" 4
 
 # ---- equal to Python on the global batch -------------------------------------------------------
 steps=5 batch=4 lr=0.05 momentum=0.9
+# Gradient clipping (--clip-grad-norm, on the averaged gradients) against Python's
+# clip_grad_norm_ on the global batch; 0.05 is well below these gradients' norm, so every step clips.
+ref reference "$tmp/plain.pt" "$tmp/train.h5" 1 8 $steps $lr $momentum "$tmp/noclip.ref.pt"
+for n in 1 2 3; do
+  d=$tmp/clip-np$n
+  run_np $n "$mpiddp" train --model "$tmp/plain.pt" --data "$tmp/train.h5" --no-shuffle --batch-size $batch \
+    --max-steps $steps --epochs 1 --optimizer sgd --lr $lr --momentum $momentum --threads 1 --clip-grad-norm 0.05 \
+    --snapshot-dir "$d"
+  check "clip np$n: trains" [ "$rc" -eq 0 ]
+  run_alone "$mpiddp" export "$d/latest.h5" --out "$d.state.pt" --format state-dict
+  ref reference "$tmp/plain.pt" "$tmp/train.h5" $n $batch $steps $lr $momentum "$d.ref.pt" 0.05
+  check "clip np$n: equal to Python's clip_grad_norm_ on the global batch $n x $batch (1e-5)" \
+    ref compare "$d.ref.pt" "$d.state.pt" 1e-5
+done
+check "clip: clipping changed the result (the unclipped reference differs)" \
+  bash -c '! "$1" "$2" compare "$3" "$4" 1e-3 2>/dev/null' _ "$DEBIAN_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" \
+  "$tmp/noclip.ref.pt" "$tmp/clip-np2.state.pt"
 for kind in plain bn; do
   for n in 1 2 3; do
     d=$tmp/$kind-np$n
