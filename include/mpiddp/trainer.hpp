@@ -74,6 +74,13 @@ struct TrainerOptions {
   /// parameters, as torch.nn.utils.clip_grad_norm_) is at most this. It applies to the averaged
   /// gradients DDP leaves on every rank, so every rank computes the same norm and scale.
   double clip_grad_norm = 0;
+  /// Progress lines within an epoch, on rank 0 through fit()'s on_note, one line per update (no
+  /// carriage returns: fit for a Slurm log): every `log_every_steps` steps (-1: a tenth of an
+  /// epoch) and every `log_every_seconds`, whichever comes first; 0 turns a trigger off. With the
+  /// defaults, lines are at least `log_min_gap_seconds` apart, so tiny epochs do not flood the log.
+  int64_t log_every_steps = -1;
+  double log_every_seconds = 30;
+  double log_min_gap_seconds = 2;
   bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
   std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
   DdpOptions ddp;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <regex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -22,7 +23,7 @@ namespace {
 // What the command line says, before it becomes a model, an optimizer and TrainerOptions.
 struct TrainConfig {
   std::string model = "cnn", loss = "auto", optimizer = "sgd", schedule = "none", device = "cpu", backend = "mpi";
-  std::string on_nan = "stop", compression = "none";
+  std::string on_nan = "stop", compression = "none", log_every = "auto";
   double lr = 0.01, momentum = 0, weight_decay = 0, gamma = 0.1;
   double bucket_mb = 25, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
@@ -59,6 +60,8 @@ void check_config(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(t.save_every >= 0 && t.save_every_steps >= 0, "--save-every and --save-every-steps must be >= 0");
   MPIDDP_CHECK(t.keep >= 0, "--keep must be >= 0");
   MPIDDP_CHECK(c.on_nan == "stop" || c.on_nan == "skip", "unknown --on-nan '" + c.on_nan + "' (stop, skip)");
+  MPIDDP_CHECK(std::regex_match(c.log_every, std::regex(R"(auto|[0-9]+|[0-9]+(\.[0-9]+)?s)")),
+               "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '" + c.log_every + "'");
   MPIDDP_CHECK(t.clip_grad_norm >= 0 && std::isfinite(t.clip_grad_norm),
                "--clip-grad-norm must be >= 0 (0: no clipping), got " + std::to_string(t.clip_grad_norm));
   MPIDDP_CHECK(!t.resume.empty(), "--resume takes auto, never or a snapshot file");
@@ -92,7 +95,7 @@ std::string config_json(const TrainConfig& c, int threads, int world_size) {
                       {"warmup_steps", c.warmup_steps}, {"seed", t.seed}, {"shuffle", t.shuffle},
                       {"drop_last", t.drop_last}, {"device", c.device}, {"backend", c.backend}, {"loss", c.loss},
                       {"threads", threads}, {"world_size", world_size}, {"on_nan", c.on_nan},
-                      {"clip_grad_norm", t.clip_grad_norm}};
+                      {"clip_grad_norm", t.clip_grad_norm}, {"log_every", c.log_every}};
   return j.dump();
 }
 
@@ -141,6 +144,9 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "auto (newest valid snapshot in --snapshot-dir, if any) | never | a snapshot file")(
       "on-nan", po::value(&c.on_nan)->default_value("stop"),
       "NaN/Inf loss: stop (an error naming the step) | skip (drop that step's update)")(
+      "log-every", po::value(&c.log_every)->default_value("auto"),
+      "progress lines within an epoch (rank 0): auto (every tenth of an epoch or 30 s, whichever first, "
+      "at least 2 s apart) | N (every N steps) | Ns (every N seconds) | 0 (none)")(
       "clip-grad-norm", po::value(&t.clip_grad_norm)->default_value(0.0, "0"),
       "scale the averaged gradients to a global L2 norm of at most X before each update (0: off)");
 
@@ -159,6 +165,12 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     t.ddp.timeline_path = timeline;
     t.cache_bytes = static_cast<int64_t>(c.cache_mb * (1 << 20));
     t.skip_nonfinite_loss = c.on_nan == "skip";
+    if (c.log_every != "auto") {  // explicit: exactly that trigger, no minimum gap
+      const bool seconds = c.log_every.back() == 's';
+      t.log_every_steps = seconds ? 0 : std::stoll(c.log_every);
+      t.log_every_seconds = seconds ? std::stod(c.log_every) : 0;
+      t.log_min_gap_seconds = 0;
+    }
     if (c.device == "cuda") t.device = runtime.device();
     LrSchedule schedule;
     if (c.schedule == "step") schedule = step_lr(c.step_size, c.gamma);

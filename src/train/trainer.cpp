@@ -34,6 +34,18 @@ int64_t flat_size(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// "1:02:03" or "4:05" for a duration in seconds.
+std::string clock_text(double seconds) {
+  const auto total = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", total / 3600, total / 60 % 60, total % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%lld:%02lld", total / 60, total % 60);
+  }
+  return text;
+}
+
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -50,6 +62,8 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   MPIDDP_CHECK(model_ && optimizer_, "Trainer needs a model and an optimizer");
   MPIDDP_CHECK(o.epochs > 0, "TrainerOptions::epochs must be > 0, got " + std::to_string(o.epochs));
   MPIDDP_CHECK(o.batch_size > 0, "TrainerOptions::batch_size must be > 0, got " + std::to_string(o.batch_size));
+  MPIDDP_CHECK(o.log_every_steps >= -1 && o.log_every_seconds >= 0 && o.log_min_gap_seconds >= 0,
+               "TrainerOptions::log_every_steps must be >= -1 and log_every_seconds, log_min_gap_seconds >= 0");
   MPIDDP_CHECK(o.clip_grad_norm >= 0 && std::isfinite(o.clip_grad_norm),
                "TrainerOptions::clip_grad_norm must be >= 0 (0: no clipping), got " + std::to_string(o.clip_grad_norm));
   MPIDDP_CHECK(o.max_steps >= 0, "TrainerOptions::max_steps must be >= 0");
@@ -237,10 +251,19 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   for (const auto& [name, param] : model_->named_parameters()) {
     if (param.requires_grad()) clip_params.push_back(param);
   }
+  // Progress lines (rank 0): a window of steps since the last line.
+  const bool log_rank = runtime_.rank() == 0 && on_note;
+  const int64_t log_steps = o.log_every_steps < 0 ? std::max<int64_t>(1, steps_per_epoch_ / 10) : o.log_every_steps;
+  struct Window {
+    int64_t steps = 0;
+    double loss = 0;
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  } window;
   model_->train(true);
   for (; p.epoch < o.epochs && p.global_step < total_steps; ++p.epoch, p.step_in_epoch = 0, p.loss_sum = 0,
                                                                 p.seconds = 0) {
     sampler.set_epoch(p.epoch);
+    window = Window{};  // each epoch's lines start afresh (evaluation is not training time)
     const auto indices = sampler.indices();
     const int64_t first = p.step_in_epoch, skipped_before = p.skipped;
     auto t0 = std::chrono::steady_clock::now();
@@ -279,6 +302,31 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       ddp.zero_grad();
       ++p.step_in_epoch;
       ++p.global_step;
+      if (log_rank) {
+        ++window.steps;
+        window.loss += bad_rank >= 0 ? 0.0 : loss_value;
+        const auto now = std::chrono::steady_clock::now();
+        const double span = std::chrono::duration<double>(now - window.since).count();
+        const bool by_steps = log_steps > 0 && p.step_in_epoch % log_steps == 0;
+        const bool by_time = o.log_every_seconds > 0 && span >= o.log_every_seconds;
+        if ((by_steps || by_time) && span >= o.log_min_gap_seconds && p.step_in_epoch < steps_per_epoch_ &&
+            p.global_step < total_steps) {
+          const double rate = static_cast<double>(window.steps) / std::max(span, 1e-9);  // steps/s
+          const int64_t left_in_epoch = steps_per_epoch_ - p.step_in_epoch, left = total_steps - p.global_step;
+          char text[256];
+          std::snprintf(text, sizeof text,
+                        "epoch %lld/%lld, step %lld/%lld (%d%%): loss %.4f (rank 0, mean of the last %lld steps), "
+                        "%.1f samples/s, ETA epoch %s, run %s",
+                        static_cast<long long>(p.epoch + 1), static_cast<long long>(o.epochs),
+                        static_cast<long long>(p.step_in_epoch), static_cast<long long>(steps_per_epoch_),
+                        static_cast<int>(100 * p.step_in_epoch / steps_per_epoch_), window.loss / window.steps,
+                        static_cast<long long>(window.steps), rate * static_cast<double>(o.batch_size * runtime_.size()),
+                        clock_text(static_cast<double>(left_in_epoch) / rate).c_str(),
+                        clock_text(static_cast<double>(left) / rate).c_str());
+          on_note(text);
+          window = Window{};
+        }
+      }
       if (first_step_unix_s == 0) first_step_unix_s = unix_seconds();
       const bool due = o.save_every_steps > 0 && p.global_step % o.save_every_steps == 0;
       if (snapshots && (stop || due)) {

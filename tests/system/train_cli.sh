@@ -83,5 +83,21 @@ bad "zero lr" "--lr must be > 0" --model linear --data "$tmp/syn.h5" --lr 0
 bad "not a number" "invalid" --model linear --data "$tmp/syn.h5" --batch-size lots
 MPIDDP_MOMENTUM=x bad "bad number in the environment" "invalid" --model linear --data "$tmp/syn.h5"
 bad "unknown model" "unknown --model 'resnet'" --model resnet --data "$tmp/syn.h5"
+bad "bad --log-every" "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '10m'" --model linear --data "$tmp/syn.h5" --log-every 10m
+bad "negative --clip-grad-norm" "--clip-grad-norm must be >= 0" --model linear --data "$tmp/syn.h5" --clip-grad-norm -1
+
+# Progress lines: 2048 samples / (2 ranks x 16) = 64 steps per epoch; every 16 steps -> steps 16,
+# 32 and 48 of each epoch (the epoch's end has its own line), from rank 0 only, on stdout.
+run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --log-every 16
+check "--log-every 16: trains" [ "$rc" -eq 0 ]
+check "--log-every 16: three lines per epoch, at steps 16, 32, 48 of 64" \
+  [ "$(grep -o "^epoch [12]/2, step [0-9]*/64" <<<"$out" | tr '\n' ' ')" = "epoch 1/2, step 16/64 epoch 1/2, step 32/64 epoch 1/2, step 48/64 epoch 2/2, step 16/64 epoch 2/2, step 32/64 epoch 2/2, step 48/64 " ]
+check "--log-every 16: loss, samples/s and ETAs" \
+  contains "^epoch 1/2, step 32/64 (50%): loss [0-9.]* (rank 0, mean of the last 16 steps), [0-9.]* samples/s, ETA epoch [0-9]*:[0-9][0-9], run [0-9]*:[0-9][0-9]$" "$out"
+check "--log-every 16: an epoch's progress lines come before its summary" \
+  bash -c '[ "$(grep -n "^epoch 2/2, step 48/64" <<<"$1" | cut -d: -f1)" -lt "$(grep -n "^epoch 2: " <<<"$1" | cut -d: -f1)" ] &&
+           [ "$(grep -n "^epoch 1: " <<<"$1" | cut -d: -f1)" -lt "$(grep -n "^epoch 2/2, step 16/64" <<<"$1" | cut -d: -f1)" ]' _ "$out"
+run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --epochs 1 --batch-size 16 --log-every 0
+check "--log-every 0: no progress lines" bash -c '! grep -q "^epoch 1/1, step" <<<"$1"' _ "$out"
 [[ " ${MPIDDP_BACKENDS:-} " == *" nccl "* ]] && bad "nccl without a cuda device" "goes with --device cuda" --model linear --data "$tmp/syn.h5" --backend nccl
 finish
