@@ -171,3 +171,28 @@ slurm_submit_wait() {
   job=${o%%;*}
   log=""
 }
+
+# slurm_test_begin: the start of a test script (after lib.sh): skips (exit 77, with the reason)
+# where no cluster can be had; otherwise makes $tmp, starts a two-node cluster in it, and on exit
+# stops the cluster and removes $tmp.
+slurm_test_begin() {
+  local reason
+  reason=$(slurm_cluster_skip_reason)
+  if [ -n "$reason" ]; then
+    echo "SKIP - slurm cluster: $reason"
+    exit 77
+  fi
+  tmp=$(mktemp -d /tmp/mpiddp-slurm-XXXXXX)
+  chmod 755 "$tmp"
+  trap '_slurm_test_end' EXIT
+  trap 'exit 1' INT TERM
+  if ! slurm_cluster_start "$tmp/cluster" 2; then
+    echo "FAIL - the slurm cluster did not start"
+    tail -n 30 "$tmp"/cluster/log/*.log
+    exit 1
+  fi
+}
+_slurm_test_end() {
+  slurm_cluster_stop
+  rm -rf "$tmp"
+}

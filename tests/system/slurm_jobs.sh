@@ -10,25 +10,7 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/slurm_cluster.sh"
 mpiddp=$1 make_bad=$2 src=$3
-reason=$(slurm_cluster_skip_reason)
-if [ -n "$reason" ]; then
-  echo "SKIP - slurm cluster: $reason"
-  exit 77
-fi
-tmp=$(mktemp -d /tmp/mpiddp-slurm-XXXXXX)
-chmod 755 "$tmp"
-cleanup() {
-  slurm_cluster_stop
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-if ! slurm_cluster_start "$tmp/cluster" 2; then
-  echo "FAIL - the slurm cluster did not start"
-  tail -n 30 "$tmp"/cluster/log/*.log
-  exit 1
-fi
+slurm_test_begin
 check "cluster: two idle nodes" [ "$(sinfo -h -N -t idle -o %N | sort -u | tr '\n' ' ')" = "node1 node2 " ]
 
 # What every job gets (sbatch exports the environment): a module "mpiddp" for this build (the

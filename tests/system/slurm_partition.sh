@@ -9,24 +9,7 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/slurm_cluster.sh"
 mpiddp=$1
-reason=$(slurm_cluster_skip_reason)
-if [ -n "$reason" ]; then
-  echo "SKIP - slurm cluster: $reason"
-  exit 77
-fi
-tmp=$(mktemp -d /tmp/mpiddp-slurm-XXXXXX)
-chmod 755 "$tmp"
-cleanup() {
-  slurm_cluster_stop
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-if ! slurm_cluster_start "$tmp/cluster" 2; then
-  echo "FAIL - the slurm cluster did not start"
-  tail -n 30 "$tmp"/cluster/log/*.log
-  exit 1
-fi
+slurm_test_begin
 timeout_s=20
 export OMPI_MCA_btl_tcp_if_include=$SLURM_TEST_NET.0/24 OMPI_MCA_oob_tcp_if_include=$SLURM_TEST_NET.0/24
 export OMPI_MCA_rmaps_base_oversubscribe=1 MPIDDP_COMM_TIMEOUT=$timeout_s MPIDDP_STALL_WARNING=4
