@@ -268,11 +268,9 @@ void write_dataset(const std::string& path, const torch::Tensor& inputs, const t
     auto c = t.contiguous();
     std::vector<hsize_t> dims(c.sizes().begin(), c.sizes().end());
     Hid space(MPIDDP_CHECK_HDF5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)), H5Sclose);
-    Hid plist(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
-    std::vector<hsize_t> chunk(dims);
-    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], 1024));  // rows in chunks: bounded reads
-    MPIDDP_CHECK_HDF5(H5Pset_chunk(plist.get(), static_cast<int>(chunk.size()), chunk.data()));
-    Hid d(MPIDDP_CHECK_HDF5(H5Dcreate2(f.get(), name, file_type, space.get(), H5P_DEFAULT, plist.get(), H5P_DEFAULT)),
+    // Contiguous: row reads are hyperslabs of one extent, MPI-IO reads them collectively, and there
+    // is no chunk index whose damage could take HDF5 down (HDF5 2.x asserts on some damaged B-trees).
+    Hid d(MPIDDP_CHECK_HDF5(H5Dcreate2(f.get(), name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
           H5Dclose);
     MPIDDP_CHECK_HDF5(H5Dwrite(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, c.data_ptr()));
     return d;
