@@ -22,9 +22,9 @@ namespace {
 
 // What the command line says, before it becomes a model, an optimizer and TrainerOptions.
 struct TrainConfig {
-  std::string model = "cnn", loss = "auto", optimizer = "sgd", schedule = "none", device = "cpu", backend = "mpi";
+  std::string model = "cnn", loss = "auto", optimizer = "adam", schedule = "none", device = "cpu", backend = "mpi";
   std::string on_nan = "stop", compression = "none", log_every = "auto";
-  double lr = 0.01, momentum = 0, weight_decay = 0, gamma = 0.1;
+  double lr = 0, momentum = 0, weight_decay = 0, gamma = 0.1;
   double bucket_mb = 25, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
   int threads = 0;
@@ -116,8 +116,9 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "epochs", po::value(&t.epochs)->default_value(1), "passes over the training set")(
       "max-steps", po::value(&t.max_steps)->default_value(0), "stop after this many steps in all (0: no cap)")(
       "batch-size", po::value(&t.batch_size)->default_value(64), "samples per rank per step")(
-      "lr", po::value(&c.lr)->default_value(0.01), "learning rate")(
-      "optimizer", po::value(&c.optimizer)->default_value("sgd"), "sgd | adam | adamw")(
+      "lr", po::value(&c.lr)->default_value(0, "auto"), "learning rate (auto: 0.001 for adam and adamw, 0.01 for sgd)")(
+      "optimizer", po::value(&c.optimizer)->default_value("adam"),
+      "adam (the default: good results without tuning) | adamw | sgd")(
       "momentum", po::value(&c.momentum)->default_value(0.0), "sgd momentum")(
       "weight-decay", po::value(&c.weight_decay)->default_value(0.0), "weight decay")(
       "lr-schedule", po::value(&c.schedule)->default_value("none"), "none | step | cosine")(
@@ -157,6 +158,7 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     if (vm.count("help")) return;
     t.shuffle = vm.count("no-shuffle") == 0;
     t.drop_last = vm.count("drop-last") > 0;
+    if (vm["lr"].defaulted()) c.lr = c.optimizer == "sgd" ? 0.01 : 0.001;
     check_config(runtime, c);
     t.ddp.bucket_cap_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
     t.ddp.first_bucket_cap_bytes = static_cast<int64_t>(c.first_bucket_mb * (1 << 20));

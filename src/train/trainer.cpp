@@ -286,7 +286,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       const int64_t stop = flag[0], bad_rank = flag[1] - 1;
       if (bad_rank >= 0) {
         const std::string where = "global step " + std::to_string(p.global_step) + " (epoch " +
-                                  std::to_string(p.epoch) + ", step " + std::to_string(s) + ")";
+                                  std::to_string(p.epoch + 1) + ", step " + std::to_string(s) + ")";
         if (!o.skip_nonfinite_loss) {
           MPIDDP_THROW_AGREED("loss is NaN or Inf at " + where + " on rank " + std::to_string(bad_rank) +
                               "; stopping (TrainerOptions::skip_nonfinite_loss, `--on-nan skip`, skips such steps instead)");
@@ -339,7 +339,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
         result.stop_signal = static_cast<int>(stop);
         result.global_step = p.global_step;
         note("stopped by " + std::string(detail::signal_name(result.stop_signal)) + " at global step " +
-             std::to_string(p.global_step) + " (epoch " + std::to_string(p.epoch) + ", step " +
+             std::to_string(p.global_step) + " (epoch " + std::to_string(p.epoch + 1) + ", step " +
              std::to_string(p.step_in_epoch) + ")" +
              (snapshots ? "; snapshot " + result.last_snapshot + " written: rerun with --resume auto to continue"
                         : "; no snapshot directory, so nothing was saved"));
@@ -366,7 +366,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     // lockstep), so rank 0 writes every rank's line itself: no gather, one collective fewer.
     std::vector<std::string> lines;
     for (int r = 0; runtime_.rank() == 0 && r < runtime_.size(); ++r) {
-      lines.push_back("[RANK " + std::to_string(r) + "] Epoch " + std::to_string(p.epoch) +
+      lines.push_back("[RANK " + std::to_string(r) + "] Epoch " + std::to_string(p.epoch + 1) +
                       " | Batchsize: " + std::to_string(o.batch_size) + " | Steps: " + std::to_string(p.step_in_epoch));
     }
     if (metrics.is_open()) {

@@ -196,7 +196,7 @@ std::optional<Trainer::Progress> Trainer::restore(const std::function<void(const
     }
   }
   if (note) {
-    note("Resuming training from snapshot at Epoch " + std::to_string(p.epoch) +
+    note("Resuming training from snapshot at Epoch " + std::to_string(p.epoch + 1) +
          (p.step_in_epoch > 0 ? ", step " + std::to_string(p.step_in_epoch) : std::string()) + " (global step " +
          std::to_string(p.global_step) + ", " + name + ")");
   }

@@ -70,7 +70,7 @@ PY
 MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-cpu MPIDDP_EPOCHS=5 slurm_submit_wait "$src/batch/cpu.sh" -N 2
 out=$(job_log)
 check "cpu.sh: job completed" [ "$rc" -eq 0 ]
-check "cpu.sh: the seeds' line from ranks on both nodes" [ "$(grep -c "Epoch 4 | Batchsize: 32 | Steps: 16" <<<"$out")" -eq 4 ]
+check "cpu.sh: the seeds' line from ranks on both nodes" [ "$(grep -c "Epoch 5 | Batchsize: 32 | Steps: 16" <<<"$out")" -eq 4 ]
 run_np 4 "$mpiddp" train --model linear --data "$data/synthetic.h5" --device cpu --backend mpi --epochs 5 \
   --batch-size 32 --optimizer sgd --lr 0.001 --snapshot-dir "$tmp/one-node" --save-every 10
 check "cpu.sh: same parameters as 4 ranks on one node" h5diff -q "$tmp/run-cpu/snapshots/latest.h5" "$tmp/one-node/latest.h5" /model /model
@@ -81,7 +81,7 @@ if srun --mpi=list 2>&1 | grep -q pmix; then
   out=$(job_log)
   check "srun.sh: job completed" [ "$rc" -eq 0 ]
   check "srun.sh: four ranks on two nodes" contains "info: 4 ranks on 2 nodes" "$out"
-  check "srun.sh: trained" [ "$(grep -c "Epoch 2 | Batchsize: 32 | Steps: 16" <<<"$out")" -eq 4 ]
+  check "srun.sh: trained" [ "$(grep -c "Epoch 3 | Batchsize: 32 | Steps: 16" <<<"$out")" -eq 4 ]
 else
   echo "SKIP - srun.sh: this Slurm has no pmix plugin (srun --mpi=list)"
 fi

@@ -74,7 +74,7 @@ if [ -f "$tmp/fm-small.h5" ]; then
   mkdir -p "$tmp/mid2"
   cp "$tmp/ref2/snapshot-step0000000020.h5" "$tmp/mid2/"
   run_np 2 "$mpiddp" "${cnn[@]}" --snapshot-dir "$tmp/mid2" --resume "$tmp/mid2/snapshot-step0000000020.h5"
-  check "resume FILE at a mid-epoch step: says where" contains "^Resuming training from snapshot at Epoch 1, step 8 (global step 20" "$out"
+  check "resume FILE at a mid-epoch step: says where" contains "^Resuming training from snapshot at Epoch 2, step 8 (global step 20" "$out"
   check "resume FILE at a mid-epoch step: bitwise equal final state" same_state "$tmp/ref2/latest.h5" "$tmp/mid2/latest.h5"
 
   # Readable with the HDF5 tools and h5py.
@@ -110,7 +110,7 @@ PY
     cp "$newest" "$tmp/$damage-bad.h5"  # the rerun below replaces the damaged file with a good one
     run_np 2 "$mpiddp" "${cnn[@]}" --snapshot-dir "$d" --resume auto
     check "$damage newest snapshot: auto says it falls back" contains "^warning: snapshot '$newest' .*; falling back to the previous snapshot" "$out"
-    check "$damage newest snapshot: resumes from the previous one" contains "^Resuming training from snapshot at Epoch 2, step 8 (global step 32" "$out"
+    check "$damage newest snapshot: resumes from the previous one" contains "^Resuming training from snapshot at Epoch 3, step 8 (global step 32" "$out"
     check "$damage newest snapshot: completes" [ "$rc" -eq 0 ]
     [ $damage = flip ] && want="is corrupt: the CRC-32 of its bytes does not match" || want="is truncated: "
     run_np 2 "$mpiddp" "${cnn[@]}" --resume "$tmp/$damage-bad.h5"
@@ -165,7 +165,7 @@ check "resume at 4 ranks from a 2-rank snapshot: says what holds" \
 run_np 2 "$mpiddp" train --model linear --data "$tmp/nan.h5" --no-shuffle --batch-size 4 --epochs 2
 check "NaN loss: non-zero exit, no hang" failed_cleanly
 check "NaN loss: one line" one_line "$err"
-check "NaN loss: names the step and the rank" contains "loss is NaN or Inf at global step 2 (epoch 0, step 2) on rank 1; stopping" "$err"
+check "NaN loss: names the step and the rank" contains "loss is NaN or Inf at global step 2 (epoch 1, step 2) on rank 1; stopping" "$err"
 run_np 2 "$mpiddp" train --model linear --data "$tmp/nan.h5" --no-shuffle --batch-size 4 --epochs 2 --on-nan skip \
   --snapshot-dir "$tmp/nan"
 check "--on-nan skip: completes" [ "$rc" -eq 0 ]

@@ -75,7 +75,7 @@ run_np 2 "$mpiddp" train --model "$tmp/bn.pt" --data "$tmp/train.h5" --no-shuffl
   --optimizer sgd --lr $lr --momentum $momentum --threads 1 --snapshot-dir "$tmp/bn-half"
 run_np 2 "$mpiddp" train --model "$tmp/bn.pt" --data "$tmp/train.h5" --no-shuffle --batch-size $batch --epochs 2 \
   --optimizer sgd --lr $lr --momentum $momentum --threads 1 --snapshot-dir "$tmp/bn-half"
-check "resume of a TorchScript run: says so" contains "^Resuming training from snapshot at Epoch 1" "$out"
+check "resume of a TorchScript run: says so" contains "^Resuming training from snapshot at Epoch 2" "$out"
 run_alone "$mpiddp" export "$tmp/bn-full/latest.h5" --out "$tmp/full.pt" --format state-dict
 run_alone "$mpiddp" export "$tmp/bn-half/latest.h5" --out "$tmp/half.pt" --format state-dict
 check "resume of a TorchScript run: bitwise equal to the uninterrupted run" ref compare "$tmp/full.pt" "$tmp/half.pt" 0
