@@ -16,6 +16,7 @@
 #include "comm/stall.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
+#include "common/text.hpp"
 
 namespace mpiddp {
 
@@ -242,11 +243,6 @@ Descriptor describe(const ProcessGroup::Call& c) {
   return d;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s;
-}
 
 }  // namespace
 
@@ -336,7 +332,7 @@ struct ProcessGroup::Checker {
     }
     if (same) return;
     std::string msg = "collective mismatch at #" + std::to_string(p.mine.seq) + ":";
-    for (const auto& [call, ranks] : ranks_by_call) msg += " " + rank_list(ranks) + " issued " + call + ";";
+    for (const auto& [call, ranks] : ranks_by_call) msg += " " + detail::rank_list(ranks) + " issued " + call + ";";
     msg.pop_back();
     throw CollectiveMismatch(msg, __FILE__, __LINE__);
   }
@@ -347,7 +343,7 @@ struct ProcessGroup::Checker {
       if (!p.arrived[r]) late.push_back(static_cast<int>(r));
     }
     if (late.empty()) return "every rank arrived; the collective itself stalled (a rank may have died)";
-    return rank_list(late) + (late.size() == 1 ? " has" : " have") + " not arrived";
+    return detail::rank_list(late) + (late.size() == 1 ? " has" : " have") + " not arrived";
   }
 };
 

@@ -1,5 +1,7 @@
 #include "comm/stall.hpp"
 
+#include "common/text.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <iostream>
@@ -11,11 +13,6 @@ namespace {
 
 constexpr int kStallTag = 0x57a1;
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s;
-}
 
 }  // namespace
 
@@ -104,13 +101,12 @@ void StallMonitor::announce(const ProcessGroup::Call& call) {
   send(n);
 }
 
-void StallMonitor::resolve(const ProcessGroup::Call& call) {
+void StallMonitor::resolve() {
   resolved_ = true;
   auto& mine = latest_[static_cast<size_t>(rank_)];
   mine.waiting = 0;
   send(mine);
   drain();
-  (void)call;
 }
 
 std::string StallMonitor::behind(const ProcessGroup::Call& call) {

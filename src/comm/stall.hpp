@@ -42,7 +42,7 @@ class StallMonitor {
   void on_wait(const ProcessGroup::Call& call, std::chrono::steady_clock::duration waited);
   /// Called when `call` completes: if this rank announced a wait in it, says it has moved on.
   void on_done(const ProcessGroup::Call& call) {
-    if (announced_ == call.seq && !resolved_) resolve(call);
+    if (announced_ == call.seq && !resolved_) resolve();
   }
   /// The lowest rank known to wait in any collective (this rank included): the one that reports
   /// a timeout.
@@ -68,7 +68,7 @@ class StallMonitor {
     std::vector<MPI_Request> requests;
   };
   std::deque<Sent> sent_;  ///< kept until delivered: a stopped peer may never take its copy
-  void resolve(const ProcessGroup::Call& call);
+  void resolve();
   uint64_t announced_ = 0;
   bool resolved_ = false;
   std::chrono::milliseconds warning_;
