@@ -51,7 +51,7 @@ run() {  # run WORKLOAD CONTENDER EPOCHS
     >>"$out/results.jsonl" <<'PY'
 import json, sys
 log, stack, torch_version, workload, who, rnd, epochs, t0, t1, np, batch = sys.argv[1:]
-rows = [json.loads(l) for l in open(log) if l.startswith("{")]
+rows = [r for r in (json.loads(l) for l in open(log) if l.startswith("{")) if r.get("kind", "epoch") == "epoch"]
 steps = sum(r["steps"] for r in rows)
 print(json.dumps({"stack": stack, "torch": torch_version, "workload": workload, "who": who, "round": int(rnd),
                   "epochs": int(epochs), "steps": steps, "samples": steps * int(batch) * int(np),

@@ -90,7 +90,7 @@ if [ -d /usr/local/cuda ]; then
 fi
 # The packages mpiddp needs, as on the host, plus the Python peer of the benchmarks.
 cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
-in_chroot bash "$repo/scripts/deps.sh" python3-torch python3-h5py > "$dir.apt.log" 2>&1 ||
+in_chroot bash "$repo/scripts/deps.sh" python3-torch python3-h5py python3-protobuf > "$dir.apt.log" 2>&1 ||
   { tail -30 "$dir.apt.log" >&2; echo "chroot.sh: error: installing mpiddp's packages in the $suite chroot failed (log: $dir.apt.log)" >&2; exit 1; }
 set +e
 in_chroot /bin/bash -c 'cd "$0" && exec "$@"' "$repo" "$@"

@@ -8,9 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite also needs: a Slurm cluster (slurm-wlm, munge, iproute2), both module systems
-# (environment-modules; Lmod's dependencies, Lmod itself unpacked by scripts/lmod.sh), h5py.
+# (environment-modules; Lmod's dependencies, Lmod itself unpacked by scripts/lmod.sh), h5py,
+# python3-protobuf (reads TensorBoard files back).
 bash scripts/deps.sh slurm-wlm munge iproute2 environment-modules lua5.3 lua-posix lua-filesystem lua-json \
-  lua-term tcl python3-h5py
+  lua-term tcl python3-h5py python3-protobuf
 bash scripts/lmod.sh build/lmod
 jobs=$(nproc)
 

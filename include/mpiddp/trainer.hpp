@@ -62,7 +62,14 @@ struct TrainerOptions {
   c10::Device device = c10::kCPU;  ///< where the model trains (it is moved there)
   LossFn loss;                ///< nullptr: default_loss(data)
   LrSchedule lr_schedule;     ///< nullptr: the optimizer's learning rates stay as they are
-  std::string metrics_path;   ///< JSON lines, one per epoch (rank 0)
+  /// JSON lines (rank 0, appended): one per epoch ("kind": "epoch") and one per progress line
+  /// ("kind": "log", the same numbers as the line). Opened by the constructor.
+  std::string metrics_path;
+  /// TensorBoard event files here (rank 0; see tensorboard.hpp), "" : none. Scalars train/loss,
+  /// train/samples_per_s, train/lr at each progress line; epoch/train_loss, epoch/test_loss,
+  /// epoch/test_accuracy, epoch/samples_per_s, epoch/seconds, epoch/lr after each epoch; the
+  /// run's options (run_config) as text. x axis: the global step. Opened by the constructor.
+  std::string tensorboard_dir;
   // Snapshots (see checkpoint.hpp): written by rank 0, read by rank 0 and broadcast.
   std::string snapshot_dir;   ///< "" : no snapshots
   int64_t save_every = 1;     ///< epochs between snapshots (0: only at the end)
@@ -74,7 +81,8 @@ struct TrainerOptions {
   /// parameters, as torch.nn.utils.clip_grad_norm_) is at most this. It applies to the averaged
   /// gradients DDP leaves on every rank, so every rank computes the same norm and scale.
   double clip_grad_norm = 0;
-  /// Progress lines within an epoch, on rank 0 through fit()'s on_note, one line per update (no
+  /// Progress lines within an epoch, on rank 0 through fit()'s on_note (and to the metrics and
+  /// TensorBoard files), one line per update (no
   /// carriage returns: fit for a Slurm log): every `log_every_steps` steps (-1: a tenth of an
   /// epoch) and every `log_every_seconds`, whichever comes first; 0 turns a trigger off. With the
   /// defaults, lines are at least `log_min_gap_seconds` apart, so tiny epochs do not flood the log.
@@ -133,6 +141,7 @@ class Trainer {
 
  private:
   struct Progress;
+  struct Logs;  // rank 0's metrics file and TensorBoard writer
   std::string fingerprint() const;
   std::optional<Progress> restore(const std::function<void(const std::string&)>& note, std::string* from);
   std::string save(const Progress& p);
@@ -147,6 +156,7 @@ class Trainer {
   std::unique_ptr<H5Dataset> train_, test_;
   std::vector<double> base_lrs_;  ///< each parameter group's learning rate when the Trainer was made
   int64_t steps_per_epoch_ = 0;
+  std::unique_ptr<Logs> logs_;
 };
 
 /// The model's parameters (for building an optimizer).

@@ -95,7 +95,8 @@ std::string config_json(const TrainConfig& c, int threads, int world_size) {
                       {"warmup_steps", c.warmup_steps}, {"seed", t.seed}, {"shuffle", t.shuffle},
                       {"drop_last", t.drop_last}, {"device", c.device}, {"backend", c.backend}, {"loss", c.loss},
                       {"threads", threads}, {"world_size", world_size}, {"on_nan", c.on_nan},
-                      {"clip_grad_norm", t.clip_grad_norm}, {"log_every", c.log_every}};
+                      {"clip_grad_norm", t.clip_grad_norm}, {"log_every", c.log_every},
+                      {"metrics", t.metrics_path}, {"tensorboard", t.tensorboard_dir}};
   return j.dump();
 }
 
@@ -130,7 +131,11 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "device", po::value(&c.device)->default_value("cpu"), "cpu | cuda")(
       "backend", po::value(&c.backend)->default_value("mpi"), "mpi | nccl | gloo")(
       "threads", po::value(&c.threads)->default_value(0), "intra-op threads per rank (0: the cores each rank owns)")(
-      "metrics", po::value(&t.metrics_path), "append one JSON line per epoch to this file (rank 0)")(
+      "metrics", po::value(&t.metrics_path),
+      "append JSON lines to this file (rank 0): one per epoch (\"kind\": \"epoch\") and one per progress line (\"kind\": \"log\")")(
+      "tensorboard", po::value(&t.tensorboard_dir),
+      "write TensorBoard event files to this directory (rank 0): train/* scalars per progress line, epoch/* per epoch, "
+      "the options as text")(
       "cache-mb", po::value(&c.cache_mb)->default_value(512.0),
       "read a dataset into memory once when it is at most this size (MiB; 0: read every batch from the file)")(
       "bucket-cap-mb", po::value(&c.bucket_mb)->default_value(25.0), "DDP bucket cap (MiB)")(

@@ -4,6 +4,7 @@
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/tensorboard.hpp>
 #include <mpiddp/trainer.hpp>
 
 #include <algorithm>
@@ -50,7 +51,32 @@ double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// The run's options as TensorBoard text: a Markdown table of a JSON object (what the CLI stores),
+// else the text as it is.
+std::string options_markdown(const std::string& config) {
+  const auto j = nlohmann::json::parse(config, nullptr, false);
+  if (!j.is_object()) return config;
+  std::string text = "| option | value |\n|---|---|\n";
+  for (const auto& [key, value] : j.items()) {
+    text += "| " + key + " | " + (value.is_string() ? value.get<std::string>() : value.dump()) + " |\n";
+  }
+  return text;
+}
+
 }  // namespace
+
+// Rank 0's outputs besides on_epoch/on_note: the JSON-lines metrics and the TensorBoard events.
+struct Trainer::Logs {
+  std::ofstream metrics;
+  std::unique_ptr<SummaryWriter> tensorboard;
+
+  void line(const nlohmann::json& j) {
+    if (metrics.is_open()) metrics << j.dump() << std::endl;
+  }
+  void scalar(const std::string& tag, double value, int64_t step) {
+    if (tensorboard) tensorboard->add_scalar(tag, value, step);
+  }
+};
 
 // ---- construction: every check that needs no other rank ----------------------------------------
 
@@ -147,6 +173,15 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   MPIDDP_CHECK(steps_per_epoch_ > 0, "fewer samples than ranks x batch: " + std::to_string(info.samples) +
                                          " samples cannot fill one batch of " + std::to_string(o.batch_size) +
                                          " on each of " + std::to_string(runtime.size()) + " ranks");
+  // Rank 0's files, last: every check above has passed before anything is created.
+  logs_ = std::make_unique<Logs>();
+  if (runtime.rank() == 0 && !o.metrics_path.empty()) {
+    logs_->metrics.open(o.metrics_path, std::ios::app);
+    MPIDDP_CHECK(logs_->metrics.good(), "cannot write the metrics file '" + o.metrics_path + "'");
+  }
+  if (runtime.rank() == 0 && !o.tensorboard_dir.empty()) {
+    logs_->tensorboard = std::make_unique<SummaryWriter>(o.tensorboard_dir);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -208,10 +243,12 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   Progress p = restore(note, &result.resumed_from).value_or(Progress{});
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, o.ddp);
 
-  std::ofstream metrics;
-  if (runtime_.rank() == 0 && !o.metrics_path.empty()) {
-    metrics.open(o.metrics_path, std::ios::app);
-    MPIDDP_CHECK(metrics.good(), "cannot write the metrics file '" + o.metrics_path + "'");
+  auto& logs = *logs_;
+  if (logs.tensorboard) {
+    if (p.global_step > 0) logs.tensorboard->add_session_start(p.global_step);  // a resumed run repeats steps
+    logs.tensorboard->add_text("options", options_markdown(o.run_config.empty() ? "(TrainerOptions::run_config not set)"
+                                                                                : o.run_config),
+                               p.global_step);
   }
   const bool snapshots = !o.snapshot_dir.empty();
   DistributedSampler sampler(train_->size(), runtime_.rank(), runtime_.size(), o.shuffle, o.seed, o.drop_last);
@@ -252,7 +289,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     if (param.requires_grad()) clip_params.push_back(param);
   }
   // Progress lines (rank 0): a window of steps since the last line.
-  const bool log_rank = runtime_.rank() == 0 && on_note;
+  const bool log_rank = runtime_.rank() == 0 && (on_note || logs.metrics.is_open() || logs.tensorboard);
   const int64_t log_steps = o.log_every_steps < 0 ? std::max<int64_t>(1, steps_per_epoch_ / 10) : o.log_every_steps;
   struct Window {
     int64_t steps = 0;
@@ -312,18 +349,28 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
         if ((by_steps || by_time) && span >= o.log_min_gap_seconds && p.step_in_epoch < steps_per_epoch_ &&
             p.global_step < total_steps) {
           const double rate = static_cast<double>(window.steps) / std::max(span, 1e-9);  // steps/s
+          const double samples_per_s = rate * static_cast<double>(o.batch_size * runtime_.size());
+          const double loss_mean = window.loss / static_cast<double>(window.steps);
           const int64_t left_in_epoch = steps_per_epoch_ - p.step_in_epoch, left = total_steps - p.global_step;
-          char text[256];
-          std::snprintf(text, sizeof text,
-                        "epoch %lld/%lld, step %lld/%lld (%d%%): loss %.4f (rank 0, mean of the last %lld steps), "
-                        "%.1f samples/s, ETA epoch %s, run %s",
-                        static_cast<long long>(p.epoch + 1), static_cast<long long>(o.epochs),
-                        static_cast<long long>(p.step_in_epoch), static_cast<long long>(steps_per_epoch_),
-                        static_cast<int>(100 * p.step_in_epoch / steps_per_epoch_), window.loss / window.steps,
-                        static_cast<long long>(window.steps), rate * static_cast<double>(o.batch_size * runtime_.size()),
-                        clock_text(static_cast<double>(left_in_epoch) / rate).c_str(),
-                        clock_text(static_cast<double>(left) / rate).c_str());
-          on_note(text);
+          if (on_note) {
+            char text[256];
+            std::snprintf(text, sizeof text,
+                          "epoch %lld/%lld, step %lld/%lld (%d%%): loss %.4f (rank 0, mean of the last %lld steps), "
+                          "%.1f samples/s, ETA epoch %s, run %s",
+                          static_cast<long long>(p.epoch + 1), static_cast<long long>(o.epochs),
+                          static_cast<long long>(p.step_in_epoch), static_cast<long long>(steps_per_epoch_),
+                          static_cast<int>(100 * p.step_in_epoch / steps_per_epoch_), loss_mean,
+                          static_cast<long long>(window.steps), samples_per_s,
+                          clock_text(static_cast<double>(left_in_epoch) / rate).c_str(),
+                          clock_text(static_cast<double>(left) / rate).c_str());
+            on_note(text);
+          }
+          logs.line({{"kind", "log"}, {"epoch", p.epoch + 1}, {"step", p.step_in_epoch}, {"global_step", p.global_step},
+                     {"train_loss", loss_mean}, {"window_steps", window.steps}, {"samples_per_s", samples_per_s},
+                     {"lr", p.lr}});
+          logs.scalar("train/loss", loss_mean, p.global_step);
+          logs.scalar("train/samples_per_s", samples_per_s, p.global_step);
+          logs.scalar("train/lr", p.lr, p.global_step);
           window = Window{};
         }
       }
@@ -369,14 +416,18 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       lines.push_back("[RANK " + std::to_string(r) + "] Epoch " + std::to_string(p.epoch + 1) +
                       " | Batchsize: " + std::to_string(o.batch_size) + " | Steps: " + std::to_string(p.step_in_epoch));
     }
-    if (metrics.is_open()) {
-      nlohmann::json j = {{"epoch", m.epoch}, {"steps", m.steps}, {"global_step", m.global_step},
+    if (runtime_.rank() == 0) {
+      nlohmann::json j = {{"kind", "epoch"}, {"epoch", m.epoch}, {"steps", m.steps}, {"global_step", m.global_step},
                           {"train_loss", m.train_loss}, {"samples_per_s", m.samples_per_s}, {"seconds", m.seconds},
                           {"lr", m.lr}, {"world_size", runtime_.size()}, {"skipped_steps", m.skipped_steps}};
       if (m.first_step_unix_s > 0) j["first_step_unix_s"] = m.first_step_unix_s;
       if (test_) j["test_loss"] = m.test_loss;
       if (test_ && train_->info().classification) j["test_accuracy"] = m.test_accuracy;
-      metrics << j.dump() << std::endl;
+      logs.line(j);
+      // The same numbers as TensorBoard scalars epoch/<key>, at the epoch's last global step.
+      for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "seconds", "lr"}) {
+        if (j.contains(key)) logs.scalar(std::string("epoch/") + key, j[key].get<double>(), m.global_step);
+      }
     }
     result.epochs.push_back(m);
     if (on_epoch) on_epoch(m, lines);

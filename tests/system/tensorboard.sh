@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# `mpiddp train --tensorboard DIR`: the event files are read back by tb_read.py, independently of
+# the writer (python3-protobuf over the same .proto, its own CRC-32C), and every scalar is compared
+# with the run's JSON-lines metrics; a resumed run marks where it restarted; bad directories give
+# one line and a non-zero exit on every rank.
+# usage: tensorboard.sh path/to/mpiddp path/to/tensorboard.proto
+source "$(dirname "$0")/lib.sh"
+mpiddp=$1 proto=$2
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+protoc --proto_path="$(dirname "$proto")" --python_out="$tmp" "$proto"
+read_back() { "$DEBIAN_PYTHON" "$here/tb_read.py" "$tmp" "$@"; }
+fails() { ! "$@" 2>/dev/null; }
+
+# A classification set small enough for several epochs: the first 1536 Fashion-MNIST training images.
+src=/usr/share/datasets/fashion-mnist
+if [ -f "$src/train-images-idx3-ubyte.gz" ]; then
+  "$mpiddp" data fashion-mnist --out "$tmp/fm.h5" >/dev/null
+  "$DEBIAN_PYTHON" - "$tmp/fm-train.h5" "$tmp/small.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as a, h5py.File(sys.argv[2], "w") as b:
+    for k, v in a.attrs.items():
+        b.attrs[k] = v
+    for name in ("inputs", "targets"):
+        d = b.create_dataset(name, data=a[name][:1536])
+        for k, v in a[name].attrs.items():
+            d.attrs[k] = v
+PY
+  train=(--model linear --data "$tmp/small.h5" --test-data "$tmp/fm-test.h5")
+else
+  echo "note: $src is missing (dataset-fashion-mnist): a regression set instead (no test accuracy)"
+  "$mpiddp" data synthetic --samples 1536 --seed 1 --out "$tmp/small.h5" >/dev/null
+  "$mpiddp" data synthetic --samples 512 --seed 2 --out "$tmp/test.h5" >/dev/null
+  train=(--model linear --data "$tmp/small.h5" --test-data "$tmp/test.h5")
+fi
+
+for n in 1 2 3 4; do
+  run_np "$n" "$mpiddp" train "${train[@]}" --epochs 3 --batch-size 16 --log-every 7 --lr-schedule cosine \
+    --tensorboard "$tmp/tb$n" --metrics "$tmp/m$n.jsonl"
+  check "np$n: exit 0" [ "$rc" -eq 0 ]
+  check "np$n: every scalar read back equals the JSON metrics, CRCs ok" \
+    read_back "$tmp/tb$n" "$tmp/m$n.jsonl" --expect-text "| batch_size | 16 |" --expect-text "| world_size | $n |"
+  check "np$n: one event file (rank 0 writes)" [ "$(ls "$tmp/tb$n" | wc -l)" -eq 1 ]
+  check "np$n: a progress line per log record" \
+    [ "$(grep -c '^epoch [0-9]*/3, step ' <<<"$out")" -eq "$(grep -c '"kind":"log"' "$tmp/m$n.jsonl")" ]
+done
+# The reader is not blind: one flipped bit in the middle of the file fails its CRC check.
+cp -r "$tmp/tb2" "$tmp/tbx"
+"$DEBIAN_PYTHON" -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 4; open(p, "wb").write(b)' \
+  "$(ls "$tmp"/tbx/events.out.tfevents.*)"
+check "a flipped bit is caught by the reader's CRC-32C" fails read_back "$tmp/tbx" "$tmp/m2.jsonl"
+
+# Stopped at step 20 by --max-steps, resumed from that step's snapshot: the second run's file starts
+# with a SessionLog START at step 20, so TensorBoard drops what the first wrote past it.
+run_np 2 "$mpiddp" train "${train[@]}" --epochs 2 --batch-size 16 --log-every 5 --max-steps 20 --save-every-steps 20 \
+  --snapshot-dir "$tmp/snap" --tensorboard "$tmp/tbr" --metrics "$tmp/r.jsonl"
+check "resume: first part exit 0" [ "$rc" -eq 0 ]
+run_np 2 "$mpiddp" train "${train[@]}" --epochs 2 --batch-size 16 --log-every 5 \
+  --snapshot-dir "$tmp/snap" --tensorboard "$tmp/tbr2" --metrics "$tmp/r2.jsonl"
+check "resume: second part exit 0, resumed" contains "^Resuming training from snapshot" "$out"
+check "resume: a START marker at the resumed step, scalars = JSON" read_back "$tmp/tbr2" "$tmp/r2.jsonl" --expect-start 20
+
+# Bad directories: one line from rank 0, non-zero exit everywhere, nothing hangs.
+touch "$tmp/a-file"
+for n in 1 3; do
+  run_np "$n" "$mpiddp" train "${train[@]}" --tensorboard "$tmp/a-file/tb"
+  check "np$n: --tensorboard under a file: fails cleanly" failed_cleanly
+  check "np$n: ... with one line naming the directory" one_line "$err"
+  check "np$n: ... that says what" contains "cannot create the TensorBoard directory '$tmp/a-file/tb'" "$err"
+done
+mkdir "$tmp/ro" && chmod 500 "$tmp/ro"
+if [ "$(id -u)" -ne 0 ]; then
+  run_np 2 "$mpiddp" train "${train[@]}" --tensorboard "$tmp/ro"
+  check "read-only --tensorboard: one line" one_line "$err"
+fi
+finish
