@@ -2,6 +2,7 @@
 // this header and uses the names below, never TORCH_VERSION arithmetic of its own.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
 
@@ -70,5 +71,37 @@ void use_classic_tcp_store(TCPStoreOptions& options) {
 #define MPIDDP_GLOO_HAS_BFLOAT16 MPIDDP_GLOO_BFLOAT16
 #endif
 #define MPIDDP_GLOO_HAS_HALF MPIDDP_GLOO_HALF
+
+/// Autocast's per-device switches. libtorch 2.4 made them one API keyed by device type and
+/// deprecated the per-device functions (is_cpu_enabled, set_autocast_gpu_dtype, ...) that 1.x has;
+/// both are declared in the same header, so the version decides which is called.
+inline bool autocast_enabled(c10::DeviceType device) {
+#if MPIDDP_TORCH_VERSION_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
+#if MPIDDP_TORCH_VERSION_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+inline void set_autocast(c10::DeviceType device, bool enabled, c10::ScalarType dtype) {
+#if MPIDDP_TORCH_VERSION_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+#endif
+}
 
 }  // namespace mpiddp::compat

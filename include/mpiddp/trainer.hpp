@@ -17,6 +17,7 @@
 #include <mpiddp/data.hpp>
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/model.hpp>
+#include <mpiddp/precision.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <torch/torch.h>
@@ -89,6 +90,11 @@ struct TrainerOptions {
   int64_t log_every_steps = -1;
   double log_every_seconds = 30;
   double log_min_gap_seconds = 2;
+  /// kFloat (fp32), kBFloat16 (autocast, CPU and CUDA) or kHalf (autocast and dynamic loss
+  /// scaling; CUDA, and CPU with libtorch 2.x). Forward and evaluation run under autocast; the loss
+  /// is computed in float32; parameters, gradients and optimizer state stay float32. See precision.hpp.
+  c10::ScalarType precision = c10::kFloat;
+  GradScalerOptions loss_scaling;  ///< kHalf only
   bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
   std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
   DdpOptions ddp;
@@ -101,6 +107,8 @@ struct EpochMetrics {
   double samples_per_s = 0, seconds = 0, lr = 0;
   double first_step_unix_s = 0;  ///< wall clock (Unix seconds) when this run's first step ended; first epoch only
   int64_t skipped_steps = 0;     ///< steps whose update was skipped for a NaN/Inf loss
+  int64_t overflow_steps = 0;    ///< fp16: steps whose update loss scaling skipped (Inf/NaN gradients)
+  double loss_scale = 0;         ///< fp16: the loss scale at the epoch's end (0: no loss scaling)
 };
 
 /// How fit() ended.
@@ -146,6 +154,7 @@ class Trainer {
   std::optional<Progress> restore(const std::function<void(const std::string&)>& note, std::string* from);
   std::string save(const Progress& p);
   std::pair<double, double> evaluate();
+  torch::Tensor forward(const torch::Tensor& inputs);  ///< under autocast when options say, float32 out
   void set_lr(const StepInfo& at);
 
   const Runtime& runtime_;

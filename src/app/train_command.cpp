@@ -23,7 +23,7 @@ namespace {
 // What the command line says, before it becomes a model, an optimizer and TrainerOptions.
 struct TrainConfig {
   std::string model = "cnn", loss = "auto", optimizer = "adam", schedule = "none", device = "cpu", backend = "mpi";
-  std::string on_nan = "stop", compression = "none", log_every = "auto";
+  std::string on_nan = "stop", compression = "none", log_every = "auto", precision = "fp32";
   double lr = 0, momentum = 0, weight_decay = 0, gamma = 0.1;
   double bucket_mb = 25, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
@@ -72,6 +72,10 @@ void check_config(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.compression == "none" || c.compression == "bf16" || c.compression == "fp16",
                "unknown --compression '" + c.compression + "' (none, bf16, fp16)");
   MPIDDP_CHECK(c.cache_mb >= 0, "--cache-mb must be >= 0");
+  MPIDDP_CHECK(c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
+               "unknown --precision '" + c.precision + "' (fp32, bf16, fp16)");
+  MPIDDP_CHECK(t.loss_scaling.init_scale > 0 && std::isfinite(t.loss_scaling.init_scale),
+               "--loss-scale must be > 0, got " + std::to_string(t.loss_scaling.init_scale));
 }
 
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const Model& model) {
@@ -96,7 +100,9 @@ std::string config_json(const TrainConfig& c, int threads, int world_size) {
                       {"drop_last", t.drop_last}, {"device", c.device}, {"backend", c.backend}, {"loss", c.loss},
                       {"threads", threads}, {"world_size", world_size}, {"on_nan", c.on_nan},
                       {"clip_grad_norm", t.clip_grad_norm}, {"log_every", c.log_every},
-                      {"metrics", t.metrics_path}, {"tensorboard", t.tensorboard_dir}};
+                      {"metrics", t.metrics_path}, {"tensorboard", t.tensorboard_dir},
+                      {"precision", c.precision}};
+  if (c.precision == "fp16") j["loss_scale"] = t.loss_scaling.init_scale;
   return j.dump();
 }
 
@@ -153,6 +159,10 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "log-every", po::value(&c.log_every)->default_value("auto"),
       "progress lines within an epoch (rank 0): auto (every tenth of an epoch or 30 s, whichever first, "
       "at least 2 s apart) | N (every N steps) | Ns (every N seconds) | 0 (none)")(
+      "precision", po::value(&c.precision)->default_value("fp32"),
+      "fp32 | bf16 (autocast: CPU and CUDA) | fp16 (autocast + dynamic loss scaling: CUDA; CPU with libtorch 2.x)")(
+      "loss-scale", po::value(&t.loss_scaling.init_scale)->default_value(65536.0, "65536"),
+      "fp16: the initial loss scale (halved on a step with Inf/NaN gradients, doubled after 2000 good steps)")(
       "clip-grad-norm", po::value(&t.clip_grad_norm)->default_value(0.0, "0"),
       "scale the averaged gradients to a global L2 norm of at most X before each update (0: off)");
 
@@ -172,6 +182,7 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     t.ddp.timeline_path = timeline;
     t.cache_bytes = static_cast<int64_t>(c.cache_mb * (1 << 20));
     t.skip_nonfinite_loss = c.on_nan == "skip";
+    t.precision = parse_precision(c.precision);
     if (c.log_every != "auto") {  // explicit: exactly that trigger, no minimum gap
       const bool seconds = c.log_every.back() == 's';
       t.log_every_steps = seconds ? 0 : std::stoll(c.log_every);
@@ -227,6 +238,10 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     if (m.test_accuracy >= 0) std::printf(", test accuracy %.2f%%", 100.0 * m.test_accuracy);
     std::printf(", %.1f samples/s, %.1f s, lr %.3g", m.samples_per_s, m.seconds, m.lr);
     if (m.skipped_steps > 0) std::printf(", %lld step(s) skipped (NaN/Inf loss)", static_cast<long long>(m.skipped_steps));
+    if (m.loss_scale > 0) {
+      std::printf(", loss scale %g (%lld step(s) skipped for Inf/NaN gradients)", m.loss_scale,
+                  static_cast<long long>(m.overflow_steps));
+    }
     std::printf("\n");
     std::fflush(stdout);
   }, [](const std::string& note) {

@@ -13,6 +13,9 @@ struct Trainer::Progress {
   double seconds = 0;         ///< its training time so far
   int64_t skipped = 0;        ///< steps skipped for a NaN/Inf loss, in all
   double lr = 0;
+  int64_t overflow = 0;       ///< fp16: steps loss scaling skipped, in all
+  double loss_scale = 0;      ///< fp16: the scaler's state (0: none saved)
+  int64_t growth_tracker = 0;
 };
 
 }  // namespace mpiddp

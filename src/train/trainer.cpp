@@ -93,6 +93,10 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   MPIDDP_CHECK(o.clip_grad_norm >= 0 && std::isfinite(o.clip_grad_norm),
                "TrainerOptions::clip_grad_norm must be >= 0 (0: no clipping), got " + std::to_string(o.clip_grad_norm));
   MPIDDP_CHECK(o.max_steps >= 0, "TrainerOptions::max_steps must be >= 0");
+  MPIDDP_CHECK(o.precision == c10::kFloat || o.precision == c10::kBFloat16 || o.precision == c10::kHalf,
+               "TrainerOptions::precision must be kFloat, kBFloat16 or kHalf, got " +
+                   std::string(c10::toString(o.precision)));
+  if (o.precision == c10::kHalf) [[maybe_unused]] GradScaler check(o.device, o.loss_scaling);  // throws where it cannot
   MPIDDP_CHECK(o.save_every >= 0 && o.save_every_steps >= 0, "TrainerOptions::save_every(_steps) must be >= 0");
   MPIDDP_CHECK(o.keep >= 0, "TrainerOptions::keep must be >= 0");
   MPIDDP_CHECK(o.cache_bytes >= 0, "TrainerOptions::cache_bytes must be >= 0");
@@ -147,6 +151,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
     } back{*model_};
     model_->train(false);
     try {
+      Autocast autocast(o.device, o.precision);
       out = model_->forward(probe.inputs.to(o.device));
     } catch (const Error&) {
       throw;
@@ -188,6 +193,19 @@ Trainer::~Trainer() = default;
 
 const DatasetInfo& Trainer::data_info() const { return train_->info(); }
 
+torch::Tensor Trainer::forward(const torch::Tensor& inputs) {
+  torch::Tensor out;
+  {
+    Autocast autocast(options_.device, options_.precision);
+    out = model_->forward(inputs);
+  }
+  // The loss (the caller's function) sees float32 outputs, whatever autocast ran in.
+  if (options_.precision != c10::kFloat && out.is_floating_point() && out.scalar_type() != c10::kFloat) {
+    out = out.to(c10::kFloat);
+  }
+  return out;
+}
+
 void Trainer::set_lr(const StepInfo& at) {
   if (!options_.lr_schedule) return;
   const double f = options_.lr_schedule(at);
@@ -207,7 +225,7 @@ std::pair<double, double> Trainer::evaluate() {
   constexpr int64_t kEvalBatch = 1000;
   for (int64_t b = begin; b < end; b += kEvalBatch) {
     auto e = test_->read_range(b, std::min(kEvalBatch, end - b));
-    auto out = model_->forward(e.inputs.to(device));
+    auto out = forward(e.inputs.to(device));
     auto y = e.targets.to(device);
     loss_sum += options_.loss(out, y).item<double>() * static_cast<double>(y.size(0));
     if (train_->info().classification) correct += out.argmax(1).eq(y).sum().item<double>();
@@ -244,6 +262,18 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, o.ddp);
 
   auto& logs = *logs_;
+  std::optional<GradScaler> scaler;  // fp16: dynamic loss scaling, continued from the snapshot
+  if (o.precision == c10::kHalf) {
+    scaler.emplace(device, o.loss_scaling);
+    if (p.loss_scale > 0) scaler->load(p.loss_scale, p.growth_tracker);
+  }
+  auto with_scaler_state = [&](Progress q) {
+    if (scaler) {
+      q.loss_scale = scaler->scale_value();
+      q.growth_tracker = scaler->growth_tracker();
+    }
+    return q;
+  };
   if (logs.tensorboard) {
     if (p.global_step > 0) logs.tensorboard->add_session_start(p.global_step);  // a resumed run repeats steps
     logs.tensorboard->add_text("options", options_markdown(o.run_config.empty() ? "(TrainerOptions::run_config not set)"
@@ -302,7 +332,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     sampler.set_epoch(p.epoch);
     window = Window{};  // each epoch's lines start afresh (evaluation is not training time)
     const auto indices = sampler.indices();
-    const int64_t first = p.step_in_epoch, skipped_before = p.skipped;
+    const int64_t first = p.step_in_epoch, skipped_before = p.skipped, overflow_before = p.overflow;
     auto t0 = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     while (p.step_in_epoch < steps_per_epoch_ && p.global_step < total_steps) {
@@ -310,14 +340,14 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       const Example e = batch_at(indices, s);
       set_lr({p.global_step, p.epoch, total_steps});
       p.lr = current_lr();
-      auto out = model_->forward(device.is_cpu() ? e.inputs : e.inputs.to(device));
+      auto out = forward(device.is_cpu() ? e.inputs : e.inputs.to(device));
       auto loss = o.loss(out, device.is_cpu() ? e.targets : e.targets.to(device));
       const double loss_value = loss.item<double>();
       flag[0] = static_cast<int64_t>(detail::StopSignals::pending());
       flag[1] = std::isfinite(loss_value) ? 0 : runtime_.rank() + 1;
       if (!device.is_cpu()) flags_dev.copy_(flags);
       auto agreed = pg_.allreduce_async(flags_dev, flags_dev, ReduceOp::kMax);
-      ddp.backward(loss);
+      ddp.backward(scaler ? scaler->scale(loss) : loss);
       agreed->wait();
       if (!device.is_cpu()) flags.copy_(flags_dev);
       const int64_t stop = flag[0], bad_rank = flag[1] - 1;
@@ -332,8 +362,16 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
              "; update skipped");
         ++p.skipped;
       } else {
-        if (o.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(clip_params, o.clip_grad_norm);
-        optimizer_->step();
+        // fp16: the averaged gradients are unscaled and checked; a step with an Inf/NaN gradient
+        // on any rank is skipped everywhere (its loss still counts: the forward was real).
+        const bool overflow = scaler && scaler->unscale(clip_params, &pg_);
+        if (!overflow) {
+          if (o.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(clip_params, o.clip_grad_norm);
+          optimizer_->step();
+        } else {
+          ++p.overflow;
+        }
+        if (scaler) scaler->update();
         p.loss_sum += loss_value;
       }
       ddp.zero_grad();
@@ -378,7 +416,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       const bool due = o.save_every_steps > 0 && p.global_step % o.save_every_steps == 0;
       if (snapshots && (stop || due)) {
         p.seconds += elapsed();
-        result.last_snapshot = save(p);
+        result.last_snapshot = save(with_scaler_state(p));
         t0 = std::chrono::steady_clock::now();
       }
       if (stop) {
@@ -401,6 +439,8 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     m.global_step = p.global_step;
     m.lr = p.lr;
     m.skipped_steps = p.skipped - skipped_before;
+    m.overflow_steps = p.overflow - overflow_before;
+    if (scaler) m.loss_scale = scaler->scale_value();
     if (result.epochs.empty()) m.first_step_unix_s = first_step_unix_s;  // this run's first epoch
     m.seconds = p.seconds;
     auto mean_loss =
@@ -423,9 +463,13 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       if (m.first_step_unix_s > 0) j["first_step_unix_s"] = m.first_step_unix_s;
       if (test_) j["test_loss"] = m.test_loss;
       if (test_ && train_->info().classification) j["test_accuracy"] = m.test_accuracy;
+      if (scaler) {
+        j["loss_scale"] = m.loss_scale;
+        j["overflow_steps"] = m.overflow_steps;
+      }
       logs.line(j);
       // The same numbers as TensorBoard scalars epoch/<key>, at the epoch's last global step.
-      for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "seconds", "lr"}) {
+      for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "seconds", "lr", "loss_scale"}) {
         if (j.contains(key)) logs.scalar(std::string("epoch/") + key, j[key].get<double>(), m.global_step);
       }
     }
@@ -438,7 +482,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       ++next.epoch;
       next.step_in_epoch = 0;
       next.loss_sum = next.seconds = 0;
-      result.last_snapshot = save(next);
+      result.last_snapshot = save(with_scaler_state(next));
     }
   }
   result.global_step = p.global_step;

@@ -72,6 +72,11 @@ std::string Trainer::save(const Progress& p) {
                 {"sampler_drop_last", o.drop_last ? 1 : 0}};
       s.reals = {{"epoch_loss_sum", p.loss_sum}, {"epoch_seconds", p.seconds}, {"lr", p.lr},
                  {"created_unix_s", unix_seconds()}};
+      if (p.loss_scale > 0) {  // fp16: the scaler continues where it was
+        s.reals["amp_loss_scale"] = p.loss_scale;
+        s.ints["amp_growth_tracker"] = p.growth_tracker;
+        s.ints["amp_overflow_steps"] = p.overflow;
+      }
       s.texts = {{"model", model_->description()},
                  {"optimizer", detail::optimizer_kind(*optimizer_)},
                  {"model_fingerprint", fingerprint()},
@@ -180,6 +185,11 @@ std::optional<Trainer::Progress> Trainer::restore(const std::function<void(const
   p.skipped = s.ints.at("skipped_steps");
   p.loss_sum = s.reals.at("epoch_loss_sum");
   p.seconds = s.reals.at("epoch_seconds");
+  if (s.reals.count("amp_loss_scale")) {
+    p.loss_scale = s.reals.at("amp_loss_scale");
+    p.growth_tracker = s.ints.at("amp_growth_tracker");
+    p.overflow = s.ints.at("amp_overflow_steps");
+  }
   const int64_t saved_batch = s.ints.at("batch_size");
   if (saved_world != runtime_.size() || saved_batch != o.batch_size) {
     // Same global data order only when the global batch is kept; the position in the epoch is
