@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "common/check.hpp"
+#include "common/host.hpp"
 #include "common/check_cuda.hpp"
 
 namespace mpiddp {
@@ -119,13 +120,6 @@ int count_visible_gpus() {
 #endif
 }
 
-std::string local_hostname() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof name) != 0) return "unknown-host";
-  name[HOST_NAME_MAX] = '\0';
-  return name;
-}
-
 }  // namespace
 
 namespace {
@@ -169,7 +163,7 @@ Runtime::Runtime(int* argc, char*** argv, const RuntimeOptions& options)
     }
   }
 
-  hostnames_ = allgather_strings(world_, local_hostname());
+  hostnames_ = allgather_strings(world_, detail::local_hostname());
 
   visible_gpus_ = count_visible_gpus();
   device_ = choose_device(topo_.local_rank, visible_gpus_);

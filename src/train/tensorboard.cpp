@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/host.hpp"
 #include "tensorboard.pb.h"
 
 namespace mpiddp {
@@ -33,16 +34,6 @@ uint32_t masked_crc32c(const void* data, std::size_t size) {
 
 void put_le(char* out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
-}
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
 }
 
 }  // namespace
@@ -67,7 +58,7 @@ struct SummaryWriter::Impl {
 
   tensorboard::Event event(int64_t step) const {
     tensorboard::Event e;
-    e.set_wall_time(unix_now());
+    e.set_wall_time(detail::unix_seconds());
     e.set_step(step);
     return e;
   }
@@ -81,8 +72,8 @@ SummaryWriter::SummaryWriter(const std::string& dir) : impl_(std::make_unique<Im
                "cannot create the TensorBoard directory '" + dir + "'" + (ec ? ": " + ec.message() : ""));
   // A name no other writer uses: time, host and process, then the first free counter.
   const std::string stem = (std::filesystem::path(dir) /
-                            ("events.out.tfevents." + std::to_string(static_cast<long long>(unix_now())) + "." +
-                             host_name() + "." + std::to_string(getpid()) + "."))
+                            ("events.out.tfevents." + std::to_string(static_cast<long long>(detail::unix_seconds())) + "." +
+                             detail::local_hostname() + "." + std::to_string(getpid()) + "."))
                                .string();
   for (int n = 0; impl_->file == nullptr; ++n) {
     impl_->path = stem + std::to_string(n);

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/host.hpp"
 #include "common/text.hpp"
 #include "train/progress.hpp"
 #include "train/stop_signals.hpp"
@@ -45,10 +46,6 @@ std::string clock_text(double seconds) {
     std::snprintf(text, sizeof text, "%lld:%02lld", total / 60, total % 60);
   }
   return text;
-}
-
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // The run's options as TensorBoard text: a Markdown table of a JSON object (what the CLI stores),
@@ -412,7 +409,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
           window = Window{};
         }
       }
-      if (first_step_unix_s == 0) first_step_unix_s = unix_seconds();
+      if (first_step_unix_s == 0) first_step_unix_s = detail::unix_seconds();
       const bool due = o.save_every_steps > 0 && p.global_step % o.save_every_steps == 0;
       if (snapshots && (stop || due)) {
         p.seconds += elapsed();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/host.hpp"
 #include "common/text.hpp"
 #include "train/progress.hpp"
 #include "train/train_state.hpp"
@@ -17,10 +18,6 @@
 namespace mpiddp {
 
 namespace {
-
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 std::string tensor_text(const torch::Tensor& t) {
   return std::string(c10::toString(t.scalar_type())) + detail::shape_text(t.sizes());
@@ -71,7 +68,7 @@ std::string Trainer::save(const Progress& p) {
                 {"sampler_shuffle", o.shuffle ? 1 : 0},
                 {"sampler_drop_last", o.drop_last ? 1 : 0}};
       s.reals = {{"epoch_loss_sum", p.loss_sum}, {"epoch_seconds", p.seconds}, {"lr", p.lr},
-                 {"created_unix_s", unix_seconds()}};
+                 {"created_unix_s", detail::unix_seconds()}};
       if (p.loss_scale > 0) {  // fp16: the scaler continues where it was
         s.reals["amp_loss_scale"] = p.loss_scale;
         s.ints["amp_growth_tracker"] = p.growth_tracker;
