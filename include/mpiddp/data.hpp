@@ -14,9 +14,15 @@
 #include <mpi.h>
 #include <torch/types.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mpiddp {
@@ -107,6 +113,46 @@ class DistributedSampler {
   bool drop_last_;
   int64_t epoch_ = 0;
   int64_t num_samples_ = 0;
+};
+
+/// Reads batches ahead of the training loop on a background thread: read(0), read(1), ...,
+/// read(count - 1), in that order (one reader: the order is deterministic), at most `depth` batches
+/// ahead of the consumer. next() returns them in the same order; when read(i) throws, the next()
+/// that would have returned batch i rethrows that exception (batches before it are returned first).
+/// depth 0 reads on the calling thread, inside next(). read() runs under a lock that pause() also
+/// takes: hold pause()'s lock to use a library that is not thread-safe (HDF5 without its
+/// thread-safe build) on the training thread while the reader waits. The reader thread blocks
+/// asynchronous signals (SIGTERM, SIGUSR1, ... reach the training thread); the destructor stops it,
+/// waiting for a read in progress, whether or not every batch was taken.
+class BatchPrefetcher {
+ public:
+  BatchPrefetcher(std::function<Example(int64_t)> read, int64_t count, int depth);
+  ~BatchPrefetcher();
+  BatchPrefetcher(const BatchPrefetcher&) = delete;
+  BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
+
+  /// The next batch in order; throws read()'s exception for the batch it failed on, or
+  /// mpiddp::Error once all `count` batches were taken.
+  Example next();
+  /// Holds the reader between two reads until the lock is released.
+  std::unique_lock<std::mutex> pause() { return std::unique_lock<std::mutex>(io_); }
+  int depth() const { return depth_; }
+  int64_t taken() const { return taken_; }
+
+ private:
+  void run();
+
+  std::function<Example(int64_t)> read_;
+  const int64_t count_;
+  const int depth_;
+  int64_t taken_ = 0;
+  std::mutex io_;  // held by read()
+  std::mutex m_;   // guards what follows
+  std::condition_variable cv_;
+  std::deque<Example> ready_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 /// Reads an IDX file (MNIST's format, gzip-compressed or not) into a uint8 tensor of its shape.

@@ -72,6 +72,8 @@ void check_config(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.compression == "none" || c.compression == "bf16" || c.compression == "fp16",
                "unknown --compression '" + c.compression + "' (none, bf16, fp16)");
   MPIDDP_CHECK(c.cache_mb >= 0, "--cache-mb must be >= 0");
+  MPIDDP_CHECK(t.prefetch_batches >= 0, "--prefetch must be >= 0 (0: no reader thread), got " +
+                                            std::to_string(t.prefetch_batches));
   MPIDDP_CHECK(c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
                "unknown --precision '" + c.precision + "' (fp32, bf16, fp16)");
   MPIDDP_CHECK(t.loss_scaling.init_scale > 0 && std::isfinite(t.loss_scaling.init_scale),
@@ -101,7 +103,7 @@ std::string config_json(const TrainConfig& c, int threads, int world_size) {
                       {"threads", threads}, {"world_size", world_size}, {"on_nan", c.on_nan},
                       {"clip_grad_norm", t.clip_grad_norm}, {"log_every", c.log_every},
                       {"metrics", t.metrics_path}, {"tensorboard", t.tensorboard_dir},
-                      {"precision", c.precision}};
+                      {"precision", c.precision}, {"prefetch", t.prefetch_batches}, {"cache_mb", c.cache_mb}};
   if (c.precision == "fp16") j["loss_scale"] = t.loss_scaling.init_scale;
   return j.dump();
 }
@@ -144,6 +146,9 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "the options as text")(
       "cache-mb", po::value(&c.cache_mb)->default_value(512.0),
       "read a dataset into memory once when it is at most this size (MiB; 0: read every batch from the file)")(
+      "prefetch", po::value(&t.prefetch_batches)->default_value(2),
+      "batches a reader thread prepares ahead of the step (0: read on the training thread; uncached data "
+      "with a parallel HDF5 is then read by one collective MPI-IO read per step)")(
       "bucket-cap-mb", po::value(&c.bucket_mb)->default_value(25.0), "DDP bucket cap (MiB)")(
       "first-bucket-cap-mb", po::value(&c.first_bucket_mb)->default_value(1.0), "DDP first bucket cap (MiB)")(
       "compression", po::value(&c.compression)->default_value("none"), "gradients on the wire: none | bf16 | fp16")(

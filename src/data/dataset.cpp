@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <numeric>
 
@@ -119,7 +120,18 @@ H5Dataset::H5Dataset(const std::string& path) : h_(std::make_unique<Handles>()) 
   }
 }
 
-H5Dataset::~H5Dataset() = default;
+H5Dataset::~H5Dataset() {
+  // Closing a file opened through MPI-IO is collective. While an exception unwinds this rank alone
+  // (a failed read), the other ranks may be inside a collective read this rank will never join, and
+  // the close would wait for them forever: the handles are left open instead (the job is ending;
+  // HDF5 closes them at MPI_Finalize when every rank gets there, MPI_Abort ends them otherwise).
+  if (parallel() && std::uncaught_exceptions() > 0) {
+    h_->collective.release();
+    h_->inputs.release();
+    h_->targets.release();
+    h_->file.release();
+  }
+}
 
 void H5Dataset::open_datasets() {
   h_->inputs = Hid(MPIDDP_CHECK_HDF5(H5Dopen2(h_->file.get(), "inputs", H5P_DEFAULT)), H5Dclose);

@@ -97,6 +97,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   MPIDDP_CHECK(o.save_every >= 0 && o.save_every_steps >= 0, "TrainerOptions::save_every(_steps) must be >= 0");
   MPIDDP_CHECK(o.keep >= 0, "TrainerOptions::keep must be >= 0");
   MPIDDP_CHECK(o.cache_bytes >= 0, "TrainerOptions::cache_bytes must be >= 0");
+  MPIDDP_CHECK(o.prefetch_batches >= 0, "TrainerOptions::prefetch_batches must be >= 0 (0: no reader thread)");
   MPIDDP_CHECK(!o.resume.empty(), "TrainerOptions::resume takes auto, never or a snapshot file");
   MPIDDP_CHECK(!o.data.empty(), "TrainerOptions::data (the training set) is required");
   if (o.device.is_cuda()) {
@@ -247,12 +248,15 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     if (on_note && runtime_.rank() == 0) on_note(text);
   };
   detail::StopSignals stop_signals(o.stop_signals);
-  // A training set too large to cache is read batch by batch; with a parallel HDF5 each step's
-  // reads become one collective MPI-IO read (every rank takes the same number of steps).
-  if (train_->open_parallel(runtime_.world())) {
+  // A training set too large to cache is read batch by batch. Without prefetching, with a parallel
+  // HDF5, each step's reads are one collective MPI-IO read (every rank takes the same number of
+  // steps); the reader thread reads on its own (POSIX I/O), as collective calls belong to this thread.
+  const int depth = o.prefetch_batches;
+  if (depth == 0 && train_->open_parallel(runtime_.world())) {
     note("data: '" + o.data + "' is larger than the cache limit: read per batch, one collective MPI-IO read per step");
   } else if (!train_->cached()) {
-    note("data: '" + o.data + "' is larger than the cache limit: read per batch");
+    note("data: '" + o.data + "' is larger than the cache limit: read per batch" +
+         (depth > 0 ? ", " + std::to_string(depth) + " batch(es) ahead by a reader thread" : std::string()));
   }
   FitResult result;
   Progress p = restore(note, &result.resumed_from).value_or(Progress{});
@@ -278,7 +282,6 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
                                p.global_step);
   }
   const bool snapshots = !o.snapshot_dir.empty();
-  DistributedSampler sampler(train_->size(), runtime_.rank(), runtime_.size(), o.shuffle, o.seed, o.drop_last);
   const int64_t total_steps =
       o.max_steps > 0 ? std::min(o.max_steps, o.epochs * steps_per_epoch_) : o.epochs * steps_per_epoch_;
   // Per step, every rank learns the largest pending stop signal and the highest rank (+1) whose
@@ -288,25 +291,63 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   auto* flag = flags.data_ptr<int64_t>();
   auto flags_dev = device.is_cpu() ? flags : flags.to(device);
   double first_step_unix_s = 0;
-  // A cached training set is gathered a block of steps at a time (one gather of up to 8 MiB of
-  // float inputs) and each step takes a slice of the block: the same rows, one gather instead of
-  // one per step. Otherwise every step reads its own rows (collectively when parallel).
+  // The batches of the rest of the run, in the loop's order (epoch by epoch, the sampler's order
+  // within each), read by a BatchPrefetcher `depth` steps ahead. A cached training set is gathered
+  // a block of steps at a time (one gather of up to 8 MiB of float inputs) and each step takes a
+  // slice of the block: the same rows, one gather instead of one per step. Otherwise every step
+  // reads its own rows (collectively when parallel). The reader's state is its own: only one
+  // thread calls it.
+  const int64_t first_position = p.epoch * steps_per_epoch_ + p.step_in_epoch, first_global = p.global_step;
+  const int64_t batches_left =
+      std::max<int64_t>(0, std::min(total_steps - p.global_step, o.epochs * steps_per_epoch_ - first_position));
   const int64_t sample_floats = std::max<int64_t>(1, flat_size(train_->info().sample_shape));
   const int64_t block_steps = std::max<int64_t>(1, (int64_t{8} << 20) / (4 * sample_floats * o.batch_size));
-  Example block;
-  int64_t block_first = -1, block_epoch = -1;
-  auto batch_at = [&](const std::vector<int64_t>& indices, int64_t s) -> Example {
-    const auto at = [&](int64_t step) { return indices.begin() + step * o.batch_size; };
-    if (!train_->cached()) return train_->read_collective(std::vector<int64_t>(at(s), at(s + 1)));
-    if (block_epoch != p.epoch || s >= block_first + block_steps) {  // steps only rise within an epoch
-      const int64_t last = std::min(steps_per_epoch_, s + block_steps);
-      block = train_->read(std::vector<int64_t>(at(s), at(last)));
-      block_first = s;
-      block_epoch = p.epoch;
-    }
-    const int64_t row = (s - block_first) * o.batch_size;
-    return {block.inputs.narrow(0, row, o.batch_size), block.targets.narrow(0, row, o.batch_size)};
+  struct Reader {
+    explicit Reader(DistributedSampler s) : sampler(std::move(s)) {}
+    DistributedSampler sampler;
+    std::vector<int64_t> indices;
+    Example block;
+    int64_t epoch = -1, block_first = -1;
   };
+  auto reader = std::make_shared<Reader>(
+      DistributedSampler(train_->size(), runtime_.rank(), runtime_.size(), o.shuffle, o.seed, o.drop_last));
+  auto read_batch = [this, reader, first_position, first_global, block_steps](int64_t i) -> Example {
+    const auto& o = options_;
+    Reader& r = *reader;
+    const int64_t epoch = (first_position + i) / steps_per_epoch_, s = (first_position + i) % steps_per_epoch_;
+    try {
+      if (epoch != r.epoch) {
+        r.sampler.set_epoch(epoch);
+        r.indices = r.sampler.indices();
+        r.epoch = epoch;
+        r.block_first = -1;
+      }
+      const auto at = [&](int64_t step) { return r.indices.begin() + step * o.batch_size; };
+      Example e;
+      if (!train_->cached()) {
+        e = train_->read_collective(std::vector<int64_t>(at(s), at(s + 1)));
+      } else {
+        if (r.block_first < 0 || s >= r.block_first + block_steps) {  // steps only rise within an epoch
+          const int64_t last = std::min(steps_per_epoch_, s + block_steps);
+          r.block = train_->read(std::vector<int64_t>(at(s), at(last)));
+          r.block_first = s;
+        }
+        const int64_t row = (s - r.block_first) * o.batch_size;
+        e = {r.block.inputs.narrow(0, row, o.batch_size), r.block.targets.narrow(0, row, o.batch_size)};
+      }
+      if (o.device.is_cuda()) {  // page-locked: the copy to the GPU can overlap the step
+        e.inputs = e.inputs.pin_memory();
+        e.targets = e.targets.pin_memory();
+      }
+      return e;
+    } catch (const std::exception& error) {
+      const auto* ours = dynamic_cast<const Error*>(&error);
+      MPIDDP_THROW("cannot read the batch of global step " + std::to_string(first_global + i) + " (epoch " +
+                   std::to_string(epoch + 1) + ", step " + std::to_string(s) + ") from '" + o.data +
+                   "': " + (ours ? ours->message() : first_line(error.what())));
+    }
+  };
+  BatchPrefetcher batches(read_batch, batches_left, depth);
   auto current_lr = [&] {
     const auto& groups = optimizer_->param_groups();
     return groups.empty() ? 0.0 : groups.front().options().get_lr();
@@ -326,19 +367,17 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   model_->train(true);
   for (; p.epoch < o.epochs && p.global_step < total_steps; ++p.epoch, p.step_in_epoch = 0, p.loss_sum = 0,
                                                                 p.seconds = 0) {
-    sampler.set_epoch(p.epoch);
     window = Window{};  // each epoch's lines start afresh (evaluation is not training time)
-    const auto indices = sampler.indices();
     const int64_t first = p.step_in_epoch, skipped_before = p.skipped, overflow_before = p.overflow;
     auto t0 = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     while (p.step_in_epoch < steps_per_epoch_ && p.global_step < total_steps) {
       const int64_t s = p.step_in_epoch;
-      const Example e = batch_at(indices, s);
+      const Example e = batches.next();
       set_lr({p.global_step, p.epoch, total_steps});
       p.lr = current_lr();
-      auto out = forward(device.is_cpu() ? e.inputs : e.inputs.to(device));
-      auto loss = o.loss(out, device.is_cpu() ? e.targets : e.targets.to(device));
+      auto out = forward(device.is_cpu() ? e.inputs : e.inputs.to(device, /*non_blocking=*/true));
+      auto loss = o.loss(out, device.is_cpu() ? e.targets : e.targets.to(device, /*non_blocking=*/true));
       const double loss_value = loss.item<double>();
       flag[0] = static_cast<int64_t>(detail::StopSignals::pending());
       flag[1] = std::isfinite(loss_value) ? 0 : runtime_.rank() + 1;
@@ -413,6 +452,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       const bool due = o.save_every_steps > 0 && p.global_step % o.save_every_steps == 0;
       if (snapshots && (stop || due)) {
         p.seconds += elapsed();
+        auto hold = batches.pause();  // HDF5 is not thread-safe: the reader waits
         result.last_snapshot = save(with_scaler_state(p));
         t0 = std::chrono::steady_clock::now();
       }
@@ -445,7 +485,10 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     pg_.allreduce(mean_loss, ReduceOp::kAvg);
     m.train_loss = mean_loss.cpu().item<double>();
     m.samples_per_s = p.seconds > 0 ? static_cast<double>(steps * o.batch_size * runtime_.size()) / p.seconds : 0;
-    if (test_) std::tie(m.test_loss, m.test_accuracy) = evaluate();
+    if (test_) {
+      auto hold = batches.pause();
+      std::tie(m.test_loss, m.test_accuracy) = evaluate();
+    }
     // Every rank took the same steps of the same size (the per-step agreement keeps them in
     // lockstep), so rank 0 writes every rank's line itself: no gather, one collective fewer.
     std::vector<std::string> lines;
@@ -471,7 +514,10 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       }
     }
     result.epochs.push_back(m);
-    if (on_epoch) on_epoch(m, lines);
+    if (on_epoch) {
+      auto hold = batches.pause();  // the callback may use HDF5 too
+      on_epoch(m, lines);
+    }
     const bool due = o.save_every > 0 && (p.epoch + 1) % o.save_every == 0;
     const bool last = p.epoch + 1 == o.epochs || p.global_step >= total_steps;
     if (snapshots && (due || last)) {  // may replace a step snapshot of the same step: this form starts the next epoch
@@ -479,6 +525,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       ++next.epoch;
       next.step_in_epoch = 0;
       next.loss_sum = next.seconds = 0;
+      auto hold = batches.pause();
       result.last_snapshot = save(with_scaler_state(next));
     }
   }

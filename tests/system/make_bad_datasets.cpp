@@ -5,8 +5,10 @@
 #include <hdf5.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <vector>
 #include <string>
 
 namespace {
@@ -26,6 +28,45 @@ void raw(const std::string& path, hsize_t n_in, hsize_t n_tg, bool targets) {
   H5Fclose(f);
 }
 
+// A regression set of 64 rows whose /inputs is stored one deflated row per chunk, with the bytes
+// of row 41's chunk scrambled: it opens and passes every check, and only reading row 41 fails.
+// Without shuffling that row is in step 10 at 1 rank x batch 4, and at 2 ranks x batch 4 in
+// global step 5 (rows 40..47) on rank 1 (odd rows).
+void damaged_row(const std::string& path) {
+  auto x = torch::rand({64, 20});
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  hsize_t din[2] = {64, 20}, dtg[2] = {64, 1}, chunk[2] = {1, 20};
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, 2, chunk);
+  H5Pset_deflate(dcpl, 1);
+  hid_t s = H5Screate_simple(2, din, nullptr);
+  hid_t d = H5Dcreate2(f, "inputs", H5T_IEEE_F32LE, s, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data_ptr());
+  H5Sclose(s);
+  H5Pclose(dcpl);
+  s = H5Screate_simple(2, dtg, nullptr);
+  hid_t t = H5Dcreate2(f, "targets", H5T_IEEE_F32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  auto y = torch::rand({64, 1});
+  H5Dwrite(t, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, y.data_ptr());
+  H5Dclose(t);
+  H5Sclose(s);
+  H5Dflush(d);
+  hsize_t at[2] = {41, 0}, size = 0;
+  haddr_t addr = 0;
+  unsigned mask = 0;
+  H5Dget_chunk_info_by_coord(d, at, &mask, &addr, &size);
+  H5Dclose(d);
+  H5Fclose(f);
+  std::FILE* file = std::fopen(path.c_str(), "r+b");
+  std::vector<unsigned char> bytes(size);
+  std::fseek(file, static_cast<long>(addr), SEEK_SET);
+  if (std::fread(bytes.data(), 1, size, file) != size) std::abort();
+  for (auto& b : bytes) b ^= 0x5A;
+  std::fseek(file, static_cast<long>(addr), SEEK_SET);
+  std::fwrite(bytes.data(), 1, size, file);
+  std::fclose(file);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,6 +83,7 @@ int main(int argc, char** argv) {
   auto x = torch::rand({64, 20});
   x[21][3] = std::numeric_limits<float>::quiet_NaN();
   mpiddp::write_dataset(dir + "/nan.h5", x, torch::rand({64, 1}));
+  damaged_row(dir + "/damaged_row.h5");
   // The first 384 Fashion-MNIST training images, when Debian's dataset-fashion-mnist is there: a
   // CNN workload small enough to cross several epochs in seconds.
   const std::string fm = "/usr/share/datasets/fashion-mnist/";

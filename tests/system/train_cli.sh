@@ -26,18 +26,46 @@ assert losses[-1] < 0.1, losses  # targets are uniform in [0, 1): the best const
 PY
 done
 
-# Reading every batch from the file (through MPI-IO where HDF5 is parallel) trains exactly as the
-# in-memory copy does.
-for n in 1 2 3; do
+# Reading every batch from the file (by the reader thread; or, with --prefetch 0, by the training
+# thread, through collective MPI-IO where HDF5 is parallel) trains exactly as the in-memory copy
+# does, and so does the in-memory copy without the reader thread or with a deeper queue.
+parallel_hdf5=0
+grep -q "HDF5 *: .*(parallel)" <<<"$("$mpiddp" info)" && parallel_hdf5=1
+for n in 1 2 3 4; do
   run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/mem$n"
-  run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/file$n" \
-    --cache-mb 0
-  check "np$n --cache-mb 0: batches read from the file" contains "^data: '$tmp/syn.h5' is larger than the cache limit: read per batch" "$out"
-  check "np$n --cache-mb 0: same final parameters as from memory (bitwise)" \
-    h5diff -q "$tmp/mem$n/latest.h5" "$tmp/file$n/latest.h5" /model /model
+  for variant in "file:--cache-mb 0" "file0:--cache-mb 0 --prefetch 0" "mem0:--prefetch 0" "mem5:--prefetch 5"; do
+    name=${variant%%:*}
+    # shellcheck disable=SC2086
+    run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/$name$n" \
+      ${variant#*:}
+    check "np$n ${variant#*:}: exit 0" [ "$rc" -eq 0 ]
+    check "np$n ${variant#*:}: same final parameters as from memory with the reader thread (bitwise)" \
+      h5diff -q "$tmp/mem$n/latest.h5" "$tmp/$name$n/latest.h5" /model /model
+    case $name in
+      file) check "np$n --cache-mb 0: batches read from the file by the reader thread" \
+              contains "^data: '$tmp/syn.h5' is larger than the cache limit: read per batch, 2 batch(es) ahead by a reader thread" "$out" ;;
+      file0) if [ "$parallel_hdf5" = 1 ]; then
+               check "np$n --prefetch 0, parallel HDF5: the reads are collective MPI-IO" contains "one collective MPI-IO read per step" "$out"
+             else
+               check "np$n --prefetch 0: read per batch on the training thread" contains "read per batch\$" "$out"
+             fi ;;
+    esac
+  done
 done
-grep -q "HDF5 *: .*(parallel)" <<<"$("$mpiddp" info)" &&
-  check "parallel HDF5: the reads are collective MPI-IO" contains "one collective MPI-IO read per step" "$out"
+
+# A batch that cannot be read (row 41's chunk is damaged) ends the run with an error naming its
+# step, from the rank that read it, with the reader thread and without (collective reads included:
+# the failing rank must not wait in a collective file close for ranks inside the next read).
+for n in 1 2 3; do
+  step=$(( 41 / (4 * n) ))
+  for prefetch in 2 0; do
+    run_np "$n" "$mpiddp" train --model linear --data "$tmp/damaged_row.h5" --no-shuffle --batch-size 4 --cache-mb 0 \
+      --prefetch "$prefetch"
+    check "damaged row np$n --prefetch $prefetch: non-zero exit, no hang" failed_cleanly
+    check "damaged row np$n --prefetch $prefetch: the step is named, by the reading rank" \
+      contains "\[rank $(( 41 % n ))\] .*cannot read the batch of global step $step (epoch 1, step $step) from '$tmp/damaged_row.h5': .*inflate" "$err"
+  done
+done
 
 src=/usr/share/datasets/fashion-mnist
 if [ -f "$src/train-images-idx3-ubyte.gz" ]; then
@@ -85,6 +113,7 @@ MPIDDP_MOMENTUM=x bad "bad number in the environment" "invalid" --model linear -
 bad "unknown model" "unknown --model 'resnet'" --model resnet --data "$tmp/syn.h5"
 bad "bad --log-every" "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '10m'" --model linear --data "$tmp/syn.h5" --log-every 10m
 bad "negative --clip-grad-norm" "--clip-grad-norm must be >= 0" --model linear --data "$tmp/syn.h5" --clip-grad-norm -1
+bad "negative --prefetch" "--prefetch must be >= 0" --model linear --data "$tmp/syn.h5" --prefetch -1
 
 # Progress lines: 2048 samples / (2 ranks x 16) = 64 steps per epoch; every 16 steps -> steps 16,
 # 32 and 48 of each epoch (the epoch's end has its own line), from rank 0 only, on stdout.

@@ -8,8 +8,14 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <fstream>
 #include <set>
+#include <thread>
 
 using mpiddp::DistributedSampler;
 using mpiddp::H5Dataset;
@@ -173,4 +179,106 @@ TEST(Idx, ReadsGzipAndRejectsGarbage) {
   const auto cut = tmp("cut.idx");
   std::ofstream(cut, std::ios::binary).write("\0\0\x08\x01\0\0\0\x09\x01", 9);
   EXPECT_NE(error_of([&] { mpiddp::read_idx(cut); }).find("truncated"), std::string::npos);
+}
+
+// ---- BatchPrefetcher ----------------------------------------------------------------------------
+
+namespace {
+
+mpiddp::Example numbered(int64_t i) { return {torch::full({2}, static_cast<float>(i)), torch::tensor({i})}; }
+
+}  // namespace
+
+TEST(Prefetcher, ReturnsEveryBatchInOrderAndStaysWithinItsDepth) {
+  for (int depth : {0, 1, 2, 5}) {
+    std::atomic<int64_t> consumed{0}, worst_lead{-100};
+    std::atomic<bool> other_thread{false};
+    const auto caller = std::this_thread::get_id();
+    {
+      mpiddp::BatchPrefetcher batches(
+          [&](int64_t i) {
+            int64_t lead = i - consumed.load();  // batches read ahead of the consumer
+            for (int64_t w = worst_lead.load(); lead > w && !worst_lead.compare_exchange_weak(w, lead);) {
+            }
+            if (std::this_thread::get_id() != caller) other_thread = true;
+            return numbered(i);
+          },
+          40, depth);
+      for (int64_t i = 0; i < 40; ++i) {
+        auto e = batches.next();
+        ASSERT_EQ(e.targets.item<int64_t>(), i) << "depth " << depth;
+        ASSERT_EQ(e.inputs[1].item<float>(), static_cast<float>(i));
+        ++consumed;
+      }
+      EXPECT_EQ(batches.taken(), 40);
+      EXPECT_NE(error_of([&] { batches.next(); }).find("all 40 batches were taken"), std::string::npos);
+    }
+    EXPECT_LE(worst_lead.load(), depth) << "the reader ran further ahead than its depth";
+    EXPECT_EQ(other_thread.load(), depth > 0) << "depth 0 reads on the caller's thread, else on the reader's";
+  }
+}
+
+TEST(Prefetcher, AFailedReadSurfacesAtItsBatchAfterTheOnesBefore) {
+  for (int depth : {0, 3}) {
+    std::atomic<int> reads_after{0};
+    mpiddp::BatchPrefetcher batches(
+        [&](int64_t i) {
+          if (i > 5) ++reads_after;
+          if (i == 5) MPIDDP_THROW("batch five is damaged");
+          return numbered(i);
+        },
+        20, depth);
+    for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(batches.next().targets.item<int64_t>(), i);
+    EXPECT_NE(error_of([&] { batches.next(); }).find("batch five is damaged"), std::string::npos);
+    EXPECT_NE(error_of([&] { batches.next(); }).find("batch five is damaged"), std::string::npos) << "and stays failed";
+    EXPECT_EQ(reads_after.load(), 0) << "nothing is read past a failure";
+  }
+}
+
+TEST(Prefetcher, StopsCleanlyWithBatchesLeftAndBlocksAsyncSignals) {
+  std::atomic<int> reads{0};
+  std::atomic<bool> term_blocked{false}, usr1_blocked{false}, segv_blocked{true};
+  {
+    mpiddp::BatchPrefetcher batches(
+        [&](int64_t i) {
+          sigset_t now;
+          pthread_sigmask(SIG_BLOCK, nullptr, &now);
+          term_blocked = sigismember(&now, SIGTERM) == 1;
+          usr1_blocked = sigismember(&now, SIGUSR1) == 1;
+          segv_blocked = sigismember(&now, SIGSEGV) == 1;
+          ++reads;
+          return numbered(i);
+        },
+        1000000, 2);
+    batches.next();
+    // The destructor must end a reader that waits for room in a full queue.
+  }
+  EXPECT_LE(reads.load(), 4);
+  EXPECT_TRUE(term_blocked.load());
+  EXPECT_TRUE(usr1_blocked.load());
+  EXPECT_FALSE(segv_blocked.load()) << "faults of the reader's own code stay deliverable";
+  // The caller's signal mask is its own.
+  sigset_t mine;
+  pthread_sigmask(SIG_BLOCK, nullptr, &mine);
+  EXPECT_EQ(sigismember(&mine, SIGTERM), 0);
+}
+
+TEST(Prefetcher, PauseHoldsTheReaderBetweenReads) {
+  std::atomic<int> reads{0};  // counted as each read starts
+  mpiddp::BatchPrefetcher batches([&](int64_t i) { ++reads; return numbered(i); }, 100, 3);
+  batches.next();
+  while (reads.load() < 4) std::this_thread::yield();  // batches 1..3 queued (or the last in progress)
+  {
+    auto hold = batches.pause();  // waits for a read in progress
+    for (int64_t i = 1; i <= 3; ++i) EXPECT_EQ(batches.next().targets.item<int64_t>(), i);
+    // The queue has room now: an unpaused reader would read batches 4..6.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(reads.load(), 4) << "a paused reader read";
+  }
+  for (int64_t i = 4; i < 14; ++i) EXPECT_EQ(batches.next().targets.item<int64_t>(), i);  // and reads again
+}
+
+TEST(Prefetcher, RejectsBadArguments) {
+  EXPECT_NE(error_of([] { mpiddp::BatchPrefetcher(nullptr, 1, 1); }).find("needs a read function"), std::string::npos);
+  EXPECT_NE(error_of([] { mpiddp::BatchPrefetcher(numbered, 1, -1); }).find("must be >= 0"), std::string::npos);
 }
