@@ -4,17 +4,22 @@ reference in Python (Debian's python3-torch) and compares with what mpiddp train
   make-data OUT.h5 N SEED [SIZE]     classification set in mpiddp's layout: [N, 1, SIZE, SIZE] float32,
                                      4 classes used (of 4 at SIZE 8, of 10 otherwise)
   make-model KIND OUT.pt SEED        KIND: plain (conv, linear) | bn (conv, BatchNorm, linear) | resnet18
-  reference MODEL.pt DATA.h5 RANKS BATCH STEPS LR MOMENTUM OUT.pt [CLIP]  (CLIP > 0: clip_grad_norm_)
+  reference MODEL.pt DATA.h5 RANKS BATCH STEPS LR MOMENTUM OUT.pt [CLIP [PRECISION [LOSS_SCALE]]]
       SGD on the global batch RANKS x BATCH for STEPS steps, in the order mpiddp's sampler gives
-      without shuffling (rank r takes samples r, r + RANKS, ...). Without BatchNorm that is one
-      forward of the global batch. With it, it is what DDP computes: each rank's slice is its own
-      batch (its own batch statistics), the gradients are averaged, and the buffers are rank 0's.
+      without shuffling (rank r takes samples r, r + RANKS, ...). CLIP > 0: clip_grad_norm_.
+      Without BatchNorm or autocast that is one forward of the global batch. Otherwise it is what
+      DDP computes: each rank's slice is its own forward (its own batch statistics, its own
+      autocast), the gradients are averaged, and the buffers are rank 0's. PRECISION bf16 or fp16:
+      forward under torch.autocast("cpu"), loss in float32; fp16 with torch.amp.GradScaler
+      (initial scale LOSS_SCALE), each slice's scaled loss backward, the sum / RANKS, then
+      scaler.step and update. OUT.pt.json gets the final loss scale and the skipped steps.
   compare REF.pt STATE_DICT.pt [TOL]  the exported state_dict equals the reference's (max abs diff)
   check-script REF.pt EXPORTED.pt DATA.h5   torch.jit.load of the export: same tensors, same outputs
   make-bad DIR                      modules that mpiddp must refuse (no forward, wrong outputs, wrong inputs)
   check-mnist-net STATE.pt DATA.h5 LOSS   the built-in cnn's export loads into examples/mnist's Net
   eval-loss REF.pt DATA.h5           evaluation-mode mean cross-entropy of the reference on DATA
 """
+import json
 import sys
 
 import h5py
@@ -104,7 +109,7 @@ def make_model(kind, out, seed):
     torch.jit.script(m).save(out)
 
 
-def reference(model, data, ranks, batch, steps, lr, momentum, out, clip="0"):
+def reference(model, data, ranks, batch, steps, lr, momentum, out, clip="0", precision="fp32", loss_scale="65536"):
     ranks, batch, steps, clip = int(ranks), int(batch), int(steps), float(clip)
     m = torch.jit.load(model)
     m.train()
@@ -114,26 +119,54 @@ def reference(model, data, ranks, batch, steps, lr, momentum, out, clip="0"):
     order = list(range(n)) + list(range(per_rank * ranks - n))
     mine = [order[r::ranks] for r in range(ranks)]
     has_bn = any(True for _ in m.named_buffers())
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    scaler = torch.amp.GradScaler("cpu", init_scale=float(loss_scale)) if precision == "fp16" else None
     opt = torch.optim.SGD(m.parameters(), lr=float(lr), momentum=float(momentum))
+    skipped = 0
+
+    def loss_of(sl):
+        if dtype is None:
+            return F.cross_entropy(m(x[sl]), y[sl])
+        with torch.autocast("cpu", dtype=dtype):
+            out = m(x[sl])
+        return F.cross_entropy(out.float(), y[sl])
+
     for s in range(steps):
         opt.zero_grad()
         slices = [mine[r][s * batch:(s + 1) * batch] for r in range(ranks)]
-        if not has_bn:
+        if not has_bn and dtype is None:
             idx = [i for sl in slices for i in sl]
             F.cross_entropy(m(x[idx]), y[idx]).backward()
         else:
             kept = None
             for r, sl in enumerate(slices):
-                (F.cross_entropy(m(x[sl]), y[sl]) / ranks).backward()
+                if scaler is not None:  # scaled as each rank scales its loss; averaged below, as DDP does
+                    scaler.scale(loss_of(sl)).backward()
+                else:
+                    (loss_of(sl) / ranks).backward()
                 if r == 0:
                     kept = {k: b.clone() for k, b in m.named_buffers()}
             with torch.no_grad():
                 for k, b in m.named_buffers():
                     b.copy_(kept[k])
+                if scaler is not None:
+                    for p in m.parameters():
+                        p.grad /= ranks
+        if scaler is not None:
+            scaler.unscale_(opt)
+            found_inf = sum(v.item() for v in scaler._found_inf_per_device(opt).values()) > 0
+            if not found_inf and clip > 0:
+                torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+            skipped += int(found_inf)
+            scaler.step(opt)
+            scaler.update()
+            continue
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
         opt.step()
     torch.save({k: v.detach().clone() for k, v in m.state_dict().items()}, out)
+    with open(out + ".json", "w") as f:
+        json.dump({"loss_scale": scaler.get_scale() if scaler else None, "skipped_steps": skipped}, f)
 
 
 def load_weights(path):

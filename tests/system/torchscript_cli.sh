@@ -34,6 +34,49 @@ done
 check "clip: clipping changed the result (the unclipped reference differs)" \
   bash -c '! "$1" "$2" compare "$3" "$4" 1e-3 2>/dev/null' _ "$DEBIAN_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" \
   "$tmp/noclip.ref.pt" "$tmp/clip-np2.state.pt"
+# Mixed precision against Python's torch.autocast on each rank's slice (and, for fp16,
+# torch.amp.GradScaler): parameters within about one ulp of the low precision (bf16 2e-3, fp16
+# 1e-3: the ranks' gradients are summed in another order than Python's, and a float32 difference
+# of 1e-8 can round a weight to the neighbouring bf16 value in the next forward), and for fp16 the
+# same skipped steps and final loss scale exactly. The initial scale 2^24 overflows fp16 at first, so steps are skipped and the scale
+# halves until it fits. fp16 on CPU needs libtorch 2.x: on 1.13, a one-line error instead.
+amp_steps=10
+ref reference "$tmp/plain.pt" "$tmp/train.h5" 2 $batch $amp_steps $lr $momentum "$tmp/fp32-np2.ref.pt"
+fp16_ok=1
+for precision in bf16 fp16; do
+  for n in 1 2 3; do
+    d=$tmp/$precision-np$n
+    run_np $n "$mpiddp" train --model "$tmp/plain.pt" --data "$tmp/train.h5" --no-shuffle --batch-size $batch \
+      --max-steps $amp_steps --epochs 1 --optimizer sgd --lr $lr --momentum $momentum --threads 1 \
+      --precision $precision --loss-scale 16777216 --snapshot-dir "$d" --metrics "$d.jsonl"
+    if [ "$precision" = fp16 ] && [ "$rc" -ne 0 ] && [ "$fp16_ok" = 1 ] && contains "fp16 loss scaling is not available on cpu" "$err"; then
+      fp16_ok=0
+      check "fp16 unavailable on this libtorch's CPU: a one-line error" one_line "$err"
+      check "fp16 unavailable: this stack's Python has no CPU GradScaler either" \
+        bash -c '! "$1" -c "import torch; torch.amp.GradScaler(\"cpu\")" 2>/dev/null' _ "$DEBIAN_PYTHON"
+      break
+    fi
+    check "$precision np$n: trains" [ "$rc" -eq 0 ]
+    run_alone "$mpiddp" export "$d/latest.h5" --out "$d.state.pt" --format state-dict
+    ref reference "$tmp/plain.pt" "$tmp/train.h5" $n $batch $amp_steps $lr $momentum "$d.ref.pt" 0 $precision 16777216
+    tol=$([ "$precision" = bf16 ] && echo 2e-3 || echo 1e-3)
+    check "$precision np$n: equal to Python's autocast on each rank's slice ($tol)" ref compare "$d.ref.pt" "$d.state.pt" $tol
+    if [ "$precision" = fp16 ]; then
+      check "fp16 np$n: the same skipped steps (some, not all) and final loss scale as torch.amp.GradScaler" \
+        "$DEBIAN_PYTHON" - "$d.jsonl" "$d.ref.pt.json" $amp_steps <<'PY'
+import json, sys
+got = [r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "epoch"][-1]
+want = json.load(open(sys.argv[2]))
+print("mpiddp:", got["overflow_steps"], got["loss_scale"], " python:", want["skipped_steps"], want["loss_scale"])
+assert 0 < want["skipped_steps"] < int(sys.argv[3]), want
+assert got["overflow_steps"] == want["skipped_steps"] and got["loss_scale"] == want["loss_scale"]
+PY
+    fi
+  done
+done
+check "bf16 differs from fp32 (autocast took effect): the fp32 reference is more than 4e-3 away" \
+  bash -c '! "$1" "$2" compare "$3" "$4" 4e-3 2>/dev/null' _ "$DEBIAN_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" \
+  "$tmp/fp32-np2.ref.pt" "$tmp/bf16-np2.state.pt"
 for kind in plain bn; do
   for n in 1 2 3; do
     d=$tmp/$kind-np$n
