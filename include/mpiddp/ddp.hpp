@@ -51,6 +51,11 @@ struct DdpOptions {
   std::optional<c10::ScalarType> compression;
   /// Chrome-trace file (see Timeline); empty: the MPIDDP_TIMELINE environment variable, if set.
   std::string timeline_path;
+  /// Values that ride in the last bucket's all-reduce, after its gradients: write extras() before
+  /// a reducing backward, read the ranks' mean there after it (in the bucket's dtype, rounded
+  /// like the gradients when compressed). Per-step agreement (the Trainer's stop and non-finite
+  /// loss flags) without a collective of its own. With no trainable parameter they travel alone.
+  int64_t extra_values = 0;
 };
 
 /// One bucket: which parameters (indices into parameters()) and where each lies in the flat buffer.
@@ -96,6 +101,9 @@ class DistributedDataParallel {
   ProcessGroup& process_group() { return pg_; }
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
   const DdpStats& stats() const { return stats_; }
+  /// The DdpOptions::extra_values slots (undefined when there are none): local values before a
+  /// reducing backward, the mean over the ranks after it. zero_grad() zeroes them too.
+  torch::Tensor extras() const { return extras_; }
   Timeline* timeline() { return timeline_.get(); }
 
   /// Re-broadcasts buffers from rank 0 now (when enabled). Not needed per step: every reducing
@@ -158,6 +166,7 @@ class DistributedDataParallel {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  ///< param -> (bucket, slot)
   std::vector<torch::Tensor> views_;               ///< param -> its gradient's place in its bucket
+  torch::Tensor extras_;                           ///< the extra values: the tail of the last bucket
   std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> hooks_;  ///< accumulator, hook key
   size_t next_to_launch_ = 0;
   bool sync_ = true;

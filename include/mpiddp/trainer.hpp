@@ -62,7 +62,8 @@ struct TrainerOptions {
   int64_t cache_bytes = int64_t{512} << 20;  ///< datasets up to this size are read into memory once
   /// Batches read ahead by a reader thread (BatchPrefetcher) while the current step computes; 0:
   /// each step reads its own batch (with a parallel HDF5 and an uncached set, one collective
-  /// MPI-IO read per step). The reader holds HDF5 only between the Trainer's own HDF5 calls; fit()'s
+  /// MPI-IO read per step). A cached set trained on the CPU is always read on the training thread
+  /// (a slice of memory: cheaper than a hand-over). The reader holds HDF5 only between the Trainer's own HDF5 calls; fit()'s
   /// on_epoch runs with the reader paused, so it may use HDF5 too.
   int prefetch_batches = 2;
   c10::Device device = c10::kCPU;  ///< where the model trains (it is moved there)

@@ -118,6 +118,8 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
     MPIDDP_CHECK(c == c10::kBFloat16 || c == c10::kHalf,
                  "gradient compression takes bfloat16 or float16, not " + dtype_name(c));
   }
+  MPIDDP_CHECK(options_.extra_values >= 0 && options_.extra_values <= (int64_t{1} << 20),
+               "DdpOptions::extra_values must be in [0, 2^20], got " + std::to_string(options_.extra_values));
 
   verify_same_model();
   {
@@ -146,6 +148,22 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
     bucket->pending = layouts_[b].params.size();
     for (size_t s = 0; s < layouts_[b].params.size(); ++s) where_[layouts_[b].params[s]] = {b, s};
     buckets_.push_back(std::move(bucket));
+  }
+  if (options_.extra_values > 0) {
+    // The extra values follow the gradients of the bucket launched last; with no trainable
+    // parameter they are a bucket of their own (no slots: launched at the end of backward), on
+    // the model's device.
+    if (buckets_.empty()) {
+      auto bucket = std::make_unique<Bucket>();
+      c10::Device device(c10::kCPU);
+      if (!parameters.empty()) device = parameters.front().second.device();
+      else if (!buffers_.empty()) device = buffers_.front().device();
+      bucket->flat = torch::zeros({0}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+      buckets_.push_back(std::move(bucket));
+    }
+    auto& flat = buckets_.back()->flat;
+    flat = torch::cat({flat, torch::zeros({options_.extra_values}, flat.options())});
+    extras_ = flat.narrow(0, buckets_.back()->layout.numel, options_.extra_values);
   }
   // Each parameter's gradient, as an alias of its place in its bucket: after the first step .grad is
   // this view, so the averaged bucket is the gradient (no copy back) and the optimizer reads it

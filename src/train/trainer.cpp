@@ -251,7 +251,10 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   // A training set too large to cache is read batch by batch. Without prefetching, with a parallel
   // HDF5, each step's reads are one collective MPI-IO read (every rank takes the same number of
   // steps); the reader thread reads on its own (POSIX I/O), as collective calls belong to this thread.
-  const int depth = o.prefetch_batches;
+  // A cached training set on the CPU is read on the training thread whatever --prefetch says: a
+  // step then only slices a block gathered once per 8 MiB, and handing each slice over from a
+  // reader thread cost more than it (12-15 us per step of the toy at 2 ranks on 2 cores).
+  const int depth = train_->cached() && device.is_cpu() ? 0 : o.prefetch_batches;
   if (depth == 0 && train_->open_parallel(runtime_.world())) {
     note("data: '" + o.data + "' is larger than the cache limit: read per batch, one collective MPI-IO read per step");
   } else if (!train_->cached()) {
@@ -260,7 +263,19 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   }
   FitResult result;
   Progress p = restore(note, &result.resumed_from).value_or(Progress{});
-  DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, o.ddp);
+  // Per step, every rank learns whether any rank has a stop signal pending or a loss that is not
+  // finite: all ranks then take the same branch at the same step. The two counts ride in the last
+  // gradient bucket's all-reduce (no collective of their own); only when one is set does a second
+  // all-reduce (max) name the signal and the highest rank with a bad loss.
+  DdpOptions ddp_options = o.ddp;
+  ddp_options.extra_values = 2;
+  DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options);
+  const torch::Tensor agreement = ddp.extras();  // [ranks stopping, ranks with a bad loss] / size
+  // Written and read through a CPU float32 tensor: the extras themselves when they are one (no
+  // operator call per step), else a copy.
+  const bool direct = agreement.is_cpu() && agreement.scalar_type() == torch::kFloat;
+  const torch::Tensor staging = direct ? agreement : torch::zeros({2}, torch::kFloat);
+  float* const agree = staging.data_ptr<float>();
 
   auto& logs = *logs_;
   std::optional<GradScaler> scaler;  // fp16: dynamic loss scaling, continued from the snapshot
@@ -284,12 +299,6 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   const bool snapshots = !o.snapshot_dir.empty();
   const int64_t total_steps =
       o.max_steps > 0 ? std::min(o.max_steps, o.epochs * steps_per_epoch_) : o.epochs * steps_per_epoch_;
-  // Per step, every rank learns the largest pending stop signal and the highest rank (+1) whose
-  // loss was not finite: all ranks then take the same branch at the same step. This all-reduce is
-  // issued before backward's buckets (the same order on every rank) and completes behind them.
-  auto flags = torch::zeros({2}, torch::kLong);
-  auto* flag = flags.data_ptr<int64_t>();
-  auto flags_dev = device.is_cpu() ? flags : flags.to(device);
   double first_step_unix_s = 0;
   // The batches of the rest of the run, in the loop's order (epoch by epoch, the sampler's order
   // within each), read by a BatchPrefetcher `depth` steps ahead. A cached training set is gathered
@@ -379,14 +388,23 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       auto out = forward(device.is_cpu() ? e.inputs : e.inputs.to(device, /*non_blocking=*/true));
       auto loss = o.loss(out, device.is_cpu() ? e.targets : e.targets.to(device, /*non_blocking=*/true));
       const double loss_value = loss.item<double>();
-      flag[0] = static_cast<int64_t>(detail::StopSignals::pending());
-      flag[1] = std::isfinite(loss_value) ? 0 : runtime_.rank() + 1;
-      if (!device.is_cpu()) flags_dev.copy_(flags);
-      auto agreed = pg_.allreduce_async(flags_dev, flags_dev, ReduceOp::kMax);
+      const int pending_signal = detail::StopSignals::pending();
+      const bool finite = std::isfinite(loss_value);
+      agree[0] = pending_signal != 0 ? 1.0F : 0.0F;
+      agree[1] = finite ? 0.0F : 1.0F;
+      if (!direct) agreement.copy_(staging);
       ddp.backward(scaler ? scaler->scale(loss) : loss);
-      agreed->wait();
-      if (!device.is_cpu()) flags.copy_(flags_dev);
-      const int64_t stop = flag[0], bad_rank = flag[1] - 1;
+      if (!direct) staging.copy_(agreement);
+      int64_t stop = 0, bad_rank = -1;
+      if (agree[0] > 0 || agree[1] > 0) {  // rare: which signal, which rank
+        auto flags = torch::tensor({static_cast<int64_t>(pending_signal), finite ? int64_t{0} : runtime_.rank() + 1},
+                                   torch::kLong)
+                         .to(device);
+        pg_.allreduce(flags, ReduceOp::kMax);
+        flags = flags.cpu();
+        stop = flags[0].item<int64_t>();
+        bad_rank = flags[1].item<int64_t>() - 1;
+      }
       if (bad_rank >= 0) {
         const std::string where = "global step " + std::to_string(p.global_step) + " (epoch " +
                                   std::to_string(p.epoch + 1) + ", step " + std::to_string(s) + ")";

@@ -361,6 +361,76 @@ TEST(Ddp, FrozenParametersSkippedConsistently) {
   MPIDDP_EXPECT_ALL(err <= 1e-5);
 }
 
+TEST(Ddp, ExtraValuesRideInTheLastBucket) {
+  // DdpOptions::extra_values: after a reducing backward the extras hold the mean over the ranks
+  // of what each rank wrote (reference: a direct MPI_Allreduce of the same values), the
+  // gradients are untouched by them (the DDP run still matches one process), with several
+  // buckets, one, compressed on the wire, and with no trainable parameter at all.
+  for (const auto& backend : mpiddp::available_backends()) {
+    if (backend == "nccl") continue;  // CUDA: tests run on the GPU machine
+    for (int variant = 0; variant < 4; ++variant) {
+      auto& pg = group(backend);
+      const int r = pg.rank(), n = pg.size();
+      if (variant == 2 && !pg.supports(mpiddp::Collective::kAllreduce, c10::kBFloat16, mpiddp::ReduceOp::kSum)) {
+        continue;  // this gloo has no bfloat16 (refusals are tested in test_comm_mpi)
+      }
+      mpiddp::DdpOptions o;
+      o.extra_values = 3;
+      if (variant == 0) o.bucket_cap_bytes = o.first_bucket_cap_bytes = 256;  // several buckets
+      if (variant == 2) o.compression = c10::kBFloat16;
+      torch::manual_seed(7);
+      Mlp model(32, false, /*freeze_first=*/false);
+      if (variant == 3) {
+        for (auto& p : model->parameters()) p.set_requires_grad(false);
+      }
+      mpiddp::DistributedDataParallel ddp(model.ptr(), pg, o);
+      const bool ok_shape = ddp.extras().defined() && ddp.extras().numel() == 3;
+      MPIDDP_EXPECT_ALL(ok_shape);
+      if (!ok_shape) continue;
+      for (int step = 0; step < 3; ++step) {
+        // Small integers and halves: exact in bfloat16 too, so the mean is exact on every variant.
+        const std::vector<float> mine = {static_cast<float>(r + 1), static_cast<float>(r * step % 3),
+                                         0.5F * static_cast<float>(r == 0)};
+        std::vector<float> sum(3);
+        MPI_Allreduce(mine.data(), sum.data(), 3, MPI_FLOAT, MPI_SUM, runtime().world());
+        ddp.extras().copy_(torch::tensor(mine));
+        if (variant == 3) {
+          ddp.finish_backward();  // no parameter to take a gradient: the extras travel alone
+        } else {
+          const Batch b = shard(global_batch(step, kBatch * n, false), r, kBatch);
+          ddp.backward(loss_of(model, b, false));
+        }
+        auto got = ddp.extras().to(torch::kFloat).contiguous();
+        bool same = true;
+        for (int i = 0; i < 3; ++i) same = same && got[i].item<float>() == sum[i] / static_cast<float>(n);
+        EXPECT_TRUE(same) << backend << " variant " << variant << " step " << step << ": " << got;
+        MPIDDP_EXPECT_ALL(same);
+        ddp.zero_grad();
+        MPIDDP_EXPECT_ALL(ddp.extras().abs().sum().item<double>() == 0);
+      }
+    }
+  }
+  // The gradients themselves are still the single-process ones with extras beside them.
+  RunSpec spec;
+  spec.ddp.extra_values = 2;
+  spec.ddp.bucket_cap_bytes = spec.ddp.first_bucket_cap_bytes = 256;
+  const double err = ddp_vs_single(spec, [] { return Mlp(); });
+  EXPECT_LE(err, 1e-5);
+  MPIDDP_EXPECT_ALL(err <= 1e-5);
+  // A negative count is refused on every rank, before any collective.
+  mpiddp::DdpOptions bad;
+  bad.extra_values = -1;
+  torch::manual_seed(7);
+  Mlp m;
+  std::string what;
+  try {
+    mpiddp::DistributedDataParallel ddp(m.ptr(), group("mpi"), bad);
+  } catch (const mpiddp::Error& e) {
+    what = e.what();
+  }
+  MPIDDP_EXPECT_ALL(what.find("extra_values must be in [0, 2^20], got -1") != std::string::npos);
+}
+
 TEST(Ddp, EveryBucketCapGivesTheSameParameters) {
   // From one bucket per parameter up to everything in one bucket.
   for (int64_t cap : {int64_t{1}, int64_t{256}, int64_t{2048}, int64_t{1} << 30}) {
