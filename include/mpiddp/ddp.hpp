@@ -167,6 +167,7 @@ class DistributedDataParallel {
   std::vector<std::pair<size_t, size_t>> where_;  ///< param -> (bucket, slot)
   std::vector<torch::Tensor> views_;               ///< param -> its gradient's place in its bucket
   torch::Tensor extras_;                           ///< the extra values: the tail of the last bucket
+  torch::Tensor seed_;                             ///< backward()'s d(loss)/d(loss) = 1, reused
   std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> hooks_;  ///< accumulator, hook key
   size_t next_to_launch_ = 0;
   bool sync_ = true;

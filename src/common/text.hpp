@@ -1,9 +1,12 @@
 // Internal: small text helpers for error messages.
 #pragma once
 
+#include <mpiddp/error.hpp>
+
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -25,5 +28,12 @@ inline std::string rank_list(const std::vector<int>& ranks) {
 
 /// The first line of a (library's multi-line) message.
 inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+/// Why `e` was thrown, for a message that adds its own context: an mpiddp::Error's message
+/// (without the rank prefix and source location), else the first line of what().
+inline std::string reason_of(const std::exception& e) {
+  if (const auto* ours = dynamic_cast<const Error*>(&e)) return ours->message();
+  return first_line(e.what());
+}
 
 }  // namespace mpiddp::detail

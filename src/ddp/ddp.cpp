@@ -53,6 +53,7 @@ struct DistributedDataParallel::Bucket {
   BucketLayout layout;
   torch::Tensor flat;       ///< gradients of this bucket, in layout order
   torch::Tensor wire;       ///< compressed copy on the wire (or undefined)
+  torch::Tensor ranks;      ///< the world size as a 0-dim tensor of the bucket's dtype and device
   std::vector<bool> ready;  ///< per slot: gradient copied in this step
   size_t pending = 0;       ///< slots still missing
   WorkHandle work;
@@ -164,6 +165,12 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
     auto& flat = buckets_.back()->flat;
     flat = torch::cat({flat, torch::zeros({options_.extra_values}, flat.options())});
     extras_ = flat.narrow(0, buckets_.back()->layout.numel, options_.extra_values);
+  }
+  if (pg_.size() > 1) {
+    for (auto& b : buckets_) {  // float16/bfloat16 buckets keep the Scalar (computed in float32)
+      const auto t = b->flat.scalar_type();
+      if (t == torch::kFloat || t == torch::kDouble) b->ranks = torch::scalar_tensor(pg_.size(), b->flat.options());
+    }
   }
   // Each parameter's gradient, as an alias of its place in its bucket: after the first step .grad is
   // this view, so the averaged bucket is the gradient (no copy back) and the optimizer reads it
@@ -403,7 +410,17 @@ void DistributedDataParallel::backward(const torch::Tensor& loss) {
   const int64_t before = stats_.steps;
   {
     ScopedSpan span(timeline_.get(), "backward");
-    loss.backward();
+    if (loss.dim() == 0 && loss.requires_grad()) {
+      // The seed gradient (1) is kept between steps rather than made by ones_like in every
+      // backward. The engine only reads it: the cache's reference keeps AccumulateGrad from
+      // adopting it as a leaf's .grad. Other shapes take loss.backward() and its own error.
+      if (!seed_.defined() || seed_.scalar_type() != loss.scalar_type() || seed_.device() != loss.device()) {
+        seed_ = torch::ones({}, loss.options().requires_grad(false));
+      }
+      torch::autograd::backward({loss}, {seed_});
+    } else {
+      loss.backward();
+    }
   }
   steps_seen_ = before;
   finish_backward();
@@ -419,7 +436,6 @@ void DistributedDataParallel::finish_backward() {
 }
 
 void DistributedDataParallel::finish_reduction() {
-  const double n = pg_.size();
   torch::NoGradGuard no_grad;
   try {
     launch_ready_buckets(true);
@@ -431,7 +447,13 @@ void DistributedDataParallel::finish_reduction() {
         timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, b.completed);
       }
       if (options_.compression) b.flat.copy_(b.wire);
-      b.flat.div_(n);  // each .grad is its view of the bucket: it now holds the average
+      // Each .grad is its view of the bucket: it now holds the average. The divisor is a tensor
+      // of the bucket's own dtype: a Scalar would be wrapped and cast on every call.
+      if (b.ranks.defined()) {
+        b.flat.div_(b.ranks);
+      } else if (pg_.size() > 1) {
+        b.flat.div_(static_cast<double>(pg_.size()));
+      }
     }
   } catch (...) {
     reset_buckets();  // a failed or timed-out collective: the error goes out of backward, DDP stays usable

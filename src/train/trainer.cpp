@@ -350,10 +350,9 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       }
       return e;
     } catch (const std::exception& error) {
-      const auto* ours = dynamic_cast<const Error*>(&error);
       MPIDDP_THROW("cannot read the batch of global step " + std::to_string(first_global + i) + " (epoch " +
                    std::to_string(epoch + 1) + ", step " + std::to_string(s) + ") from '" + o.data +
-                   "': " + (ours ? ours->message() : first_line(error.what())));
+                   "': " + detail::reason_of(error));
     }
   };
   BatchPrefetcher batches(read_batch, batches_left, depth);

@@ -82,8 +82,7 @@ std::string Trainer::save(const Progress& p) {
                  {"torch_version", compat::torch_version()}};
       path = SnapshotDir(o.snapshot_dir).save(s, p.global_step, o.keep);
     } catch (const std::exception& e) {
-      status = e.what();
-      if (const auto* err = dynamic_cast<const Error*>(&e)) status = err->message();
+      status = detail::reason_of(e);
     }
   }
   broadcast_string(runtime_.world(), status);
