@@ -63,8 +63,8 @@ struct TrainerOptions {
   /// Batches read ahead by a reader thread (BatchPrefetcher) while the current step computes; 0:
   /// each step reads its own batch (with a parallel HDF5 and an uncached set, one collective
   /// MPI-IO read per step). A cached set trained on the CPU is always read on the training thread
-  /// (a slice of memory: cheaper than a hand-over). The reader holds HDF5 only between the Trainer's own HDF5 calls; fit()'s
-  /// on_epoch runs with the reader paused, so it may use HDF5 too.
+  /// (a slice of memory: cheaper than a hand-over). The reader holds HDF5 only between the
+  /// Trainer's own HDF5 calls; fit()'s on_epoch runs with the reader paused, so it may use HDF5 too.
   int prefetch_batches = 2;
   c10::Device device = c10::kCPU;  ///< where the model trains (it is moved there)
   LossFn loss;                ///< nullptr: default_loss(data)
