@@ -6,6 +6,7 @@
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1
 ref() { "$DEBIAN_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" "$@"; }
+ref_differs() { ! ref compare "$@" 2>/dev/null; }  # REF.pt STATE.pt TOL: farther apart than TOL
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 MPIDDP_TEST_DEADLINE=180
@@ -32,14 +33,14 @@ for n in 1 2 3; do
     ref compare "$d.ref.pt" "$d.state.pt" 1e-5
 done
 check "clip: clipping changed the result (the unclipped reference differs)" \
-  bash -c '! "$1" "$2" compare "$3" "$4" 1e-3 2>/dev/null' _ "$DEBIAN_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" \
-  "$tmp/noclip.ref.pt" "$tmp/clip-np2.state.pt"
+  ref_differs "$tmp/noclip.ref.pt" "$tmp/clip-np2.state.pt" 1e-3
 # Mixed precision against Python's torch.autocast on each rank's slice (and, for fp16,
 # torch.amp.GradScaler): parameters within about one ulp of the low precision (bf16 2e-3, fp16
 # 1e-3: the ranks' gradients are summed in another order than Python's, and a float32 difference
 # of 1e-8 can round a weight to the neighbouring bf16 value in the next forward), and for fp16 the
-# same skipped steps and final loss scale exactly. The initial scale 2^24 overflows fp16 at first, so steps are skipped and the scale
-# halves until it fits. fp16 on CPU needs libtorch 2.x: on 1.13, a one-line error instead.
+# same skipped steps and final loss scale exactly. The initial scale 2^24 overflows fp16 at first,
+# so steps are skipped and the scale halves until it fits. fp16 on CPU needs libtorch 2.x: on
+# 1.13, a one-line error instead.
 amp_steps=10
 ref reference "$tmp/plain.pt" "$tmp/train.h5" 2 $batch $amp_steps $lr $momentum "$tmp/fp32-np2.ref.pt"
 fp16_ok=1
@@ -75,8 +76,7 @@ PY
   done
 done
 check "bf16 differs from fp32 (autocast took effect): the fp32 reference is more than 4e-3 away" \
-  bash -c '! "$1" "$2" compare "$3" "$4" 4e-3 2>/dev/null' _ "$DEBIAN_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" \
-  "$tmp/fp32-np2.ref.pt" "$tmp/bf16-np2.state.pt"
+  ref_differs "$tmp/fp32-np2.ref.pt" "$tmp/bf16-np2.state.pt" 4e-3
 for kind in plain bn; do
   for n in 1 2 3; do
     d=$tmp/$kind-np$n
