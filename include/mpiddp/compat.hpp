@@ -72,6 +72,20 @@ void use_classic_tcp_store(TCPStoreOptions& options) {
 #endif
 #define MPIDDP_GLOO_HAS_HALF MPIDDP_GLOO_HALF
 
+/// Whether libtorch declares its fused multi-tensor Adam and AdamW kernels (aten::_fused_adam_,
+/// aten::_fused_adamw_), from the headers that declare them. Which devices they run on is a
+/// question for run time (mpiddp::fused_adam_runs, src/train/optim.cpp).
+#if __has_include(<ATen/ops/_fused_adam.h>)
+#define MPIDDP_HAS_FUSED_ADAM 1
+#else
+#define MPIDDP_HAS_FUSED_ADAM 0
+#endif
+#if __has_include(<ATen/ops/_fused_adamw.h>)
+#define MPIDDP_HAS_FUSED_ADAMW 1
+#else
+#define MPIDDP_HAS_FUSED_ADAMW 0
+#endif
+
 /// Autocast's per-device switches. libtorch 2.4 made them one API keyed by device type and
 /// deprecated the per-device functions (is_cpu_enabled, set_autocast_gpu_dtype, ...) that 1.x has;
 /// both are declared in the same header, so the version decides which is called.

@@ -2,6 +2,7 @@
 // client of mpiddp::Trainer. Options come from the command line, then --config FILE, then
 // MPIDDP_* variables (see cli.hpp).
 #include <mpiddp/error.hpp>
+#include <mpiddp/optim.hpp>
 #include <mpiddp/trainer.hpp>
 
 #include <algorithm>
@@ -87,9 +88,9 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, co
         params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
   }
   if (c.optimizer == "adam") {
-    return std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+    return std::make_shared<FusedAdam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
   }
-  return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  return std::make_shared<FusedAdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
 }
 
 std::string config_json(const TrainConfig& c, int threads, int world_size) {

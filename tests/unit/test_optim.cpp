@@ -1,0 +1,128 @@
+// FusedAdam / FusedAdamW against libtorch's own torch::optim::Adam / AdamW, the reference: the
+// same gradients into both, step after step with the learning rate changed between steps as the
+// Trainer's schedules do; parameters and every piece of state must agree within float rounding.
+#include <gtest/gtest.h>
+#include <mpiddp/compat.hpp>
+#include <mpiddp/optim.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Case {
+  std::string name;
+  bool adamw;
+  double weight_decay;
+  bool amsgrad;
+};
+
+std::vector<torch::Tensor> make_params(c10::ScalarType second_dtype = torch::kFloat) {
+  torch::manual_seed(7);
+  std::vector<torch::Tensor> p = {torch::randn({32, 1, 3, 3}), torch::randn({32}, second_dtype),
+                                  torch::randn({128, 96}), torch::randn({10})};
+  for (auto& t : p) t.requires_grad_(true);
+  return p;
+}
+
+std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : params) out.push_back(t.detach().clone().requires_grad_(true));
+  return out;
+}
+
+template <class Optimizer>
+void expect_same_state(const torch::optim::Optimizer& fused, const torch::optim::Optimizer& reference,
+                       const std::vector<torch::Tensor>& fp, const std::vector<torch::Tensor>& rp, const Case& c) {
+  const auto& fs = fused.state();
+  const auto& rs = reference.state();
+  ASSERT_EQ(fs.size(), rs.size()) << c.name;
+  for (size_t i = 0; i < fp.size(); ++i) {
+    const auto f_it = fs.find(mpiddp::compat::optimizer_state_key(fs, fp[i].unsafeGetTensorImpl()));
+    const auto r_it = rs.find(mpiddp::compat::optimizer_state_key(rs, rp[i].unsafeGetTensorImpl()));
+    ASSERT_EQ(f_it == fs.end(), r_it == rs.end()) << c.name << " parameter " << i;
+    if (r_it == rs.end()) continue;
+    const auto& f = static_cast<const Optimizer&>(*f_it->second);
+    const auto& r = static_cast<const Optimizer&>(*r_it->second);
+    EXPECT_EQ(f.step(), r.step()) << c.name;
+    EXPECT_TRUE(torch::allclose(f.exp_avg(), r.exp_avg(), 1e-5, 1e-7)) << c.name << " exp_avg " << i;
+    EXPECT_TRUE(torch::allclose(f.exp_avg_sq(), r.exp_avg_sq(), 1e-5, 1e-9)) << c.name << " exp_avg_sq " << i;
+    EXPECT_EQ(f.max_exp_avg_sq().defined(), r.max_exp_avg_sq().defined()) << c.name;
+    if (r.max_exp_avg_sq().defined()) {
+      EXPECT_TRUE(torch::allclose(f.max_exp_avg_sq(), r.max_exp_avg_sq(), 1e-5, 1e-9)) << c.name << " max " << i;
+    }
+  }
+}
+
+// Runs `steps` steps of both optimizers with the same gradients (the last parameter gets none for
+// the first three steps, so its state starts late, as a frozen-then-thawed layer's would).
+// Returns how many steps of the fused optimizer ran the fused kernel.
+template <class Fused, class Reference, class Options, class State>
+int run_case(const Case& c, c10::ScalarType second_dtype, int steps) {
+  auto fp = make_params(second_dtype);
+  auto rp = copies(fp);
+  const auto options = Options(1e-2).weight_decay(c.weight_decay).amsgrad(c.amsgrad);
+  Fused fused(fp, options);
+  Reference reference(rp, options);
+  int fused_steps = 0;
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < fp.size(); ++i) {
+      if (i + 1 == fp.size() && s < 3) continue;
+      const auto g = torch::randn_like(fp[i]);
+      fp[i].mutable_grad() = g.clone();
+      rp[i].mutable_grad() = g.clone();
+    }
+    const double lr = 1e-2 * (1.0 + 0.5 * (s % 4));  // a schedule sets it between steps
+    for (auto* opt : std::vector<torch::optim::Optimizer*>{&fused, &reference}) {
+      for (auto& group : opt->param_groups()) group.options().set_lr(lr);
+    }
+    fused.step();
+    reference.step();
+    fused_steps += fused.last_step_fused() ? 1 : 0;
+  }
+  for (size_t i = 0; i < fp.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(fp[i], rp[i], 1e-5, 1e-6))
+        << c.name << " parameter " << i << " differs by " << (fp[i] - rp[i]).abs().max().item<double>();
+  }
+  expect_same_state<State>(fused, reference, fp, rp, c);
+  return fused_steps;
+}
+
+const std::vector<Case> kCases = {{"adam", false, 0.0, false},
+                                  {"adam, weight decay", false, 0.01, false},
+                                  {"adam, amsgrad", false, 0.0, true},
+                                  {"adamw, weight decay", true, 0.05, false},
+                                  {"adamw, amsgrad", true, 0.01, true}};
+
+int run(const Case& c, c10::ScalarType second_dtype, int steps) {
+  if (c.adamw) {
+    return run_case<mpiddp::FusedAdamW, torch::optim::AdamW, torch::optim::AdamWOptions,
+                    torch::optim::AdamWParamState>(c, second_dtype, steps);
+  }
+  return run_case<mpiddp::FusedAdam, torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
+      c, second_dtype, steps);
+}
+
+}  // namespace
+
+TEST(FusedAdam, SameUpdateAndStateAsLibtorchsAdam) {
+  for (const auto& c : kCases) {
+    const int fused_steps = run(c, torch::kFloat, 25);
+    // Every step fused where the kernel runs on CPU float32, none elsewhere: both paths are checked.
+    EXPECT_EQ(fused_steps, mpiddp::fused_adam_runs(torch::kCPU, torch::kFloat, c.adamw) ? 25 : 0) << c.name;
+  }
+}
+
+TEST(FusedAdam, MixedDtypesTakeLibtorchsOwnStep) {
+  for (const auto& c : kCases) EXPECT_EQ(run(c, torch::kDouble, 6), 0) << c.name;
+}
+
+TEST(FusedAdam, KernelFoundWhereLibtorchHasOne) {
+  // The one expectation about the environment: libtorch 2.4 and later run both kernels on CPU, so
+  // on such a libtorch (CI's Debian sid) the fast path must be the one taken.
+  if (!MPIDDP_TORCH_VERSION_AT_LEAST(2, 4)) GTEST_SKIP() << "libtorch " << mpiddp::compat::torch_version() << " has no CPU kernel";
+  EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kFloat, false));
+  EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kFloat, true));
+  EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kDouble, false));
+}
