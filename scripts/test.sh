@@ -9,9 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite also needs: a Slurm cluster (slurm-wlm, munge, iproute2), both module systems
 # (environment-modules; Lmod's dependencies, Lmod itself unpacked by scripts/lmod.sh), h5py,
-# python3-protobuf (reads TensorBoard files back).
+# python3-protobuf (reads TensorBoard files back), python3-torch (the TorchScript models and the
+# Python references of system.torchscript_cli and system.example).
 bash scripts/deps.sh slurm-wlm munge iproute2 environment-modules lua5.3 lua-posix lua-filesystem lua-json \
-  lua-term tcl python3-h5py python3-protobuf
+  lua-term tcl python3-h5py python3-protobuf python3-torch
 bash scripts/lmod.sh build/lmod
 jobs=$(nproc)
 
