@@ -32,7 +32,7 @@ std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& params) {
   return out;
 }
 
-template <class Optimizer>
+template <class State>
 void expect_same_state(const torch::optim::Optimizer& fused, const torch::optim::Optimizer& reference,
                        const std::vector<torch::Tensor>& fp, const std::vector<torch::Tensor>& rp, const Case& c) {
   const auto& fs = fused.state();
@@ -43,10 +43,13 @@ void expect_same_state(const torch::optim::Optimizer& fused, const torch::optim:
     const auto r_it = rs.find(mpiddp::compat::optimizer_state_key(rs, rp[i].unsafeGetTensorImpl()));
     ASSERT_EQ(f_it == fs.end(), r_it == rs.end()) << c.name << " parameter " << i;
     if (r_it == rs.end()) continue;
-    const auto& f = static_cast<const Optimizer&>(*f_it->second);
-    const auto& r = static_cast<const Optimizer&>(*r_it->second);
+    const auto& f = static_cast<const State&>(*f_it->second);
+    const auto& r = static_cast<const State&>(*r_it->second);
     EXPECT_EQ(f.step(), r.step()) << c.name;
-    EXPECT_TRUE(torch::allclose(f.exp_avg(), r.exp_avg(), 1e-5, 1e-7)) << c.name << " exp_avg " << i;
+    // The moments mix terms of order 1 (gradients ~ N(0, 1)): an element that cancels to near 0
+    // keeps an absolute rounding error of a few float ulps of 1, whichever formula.
+    EXPECT_TRUE(torch::allclose(f.exp_avg(), r.exp_avg(), 1e-5, 1e-6))
+        << c.name << " exp_avg " << i << " differs by " << (f.exp_avg() - r.exp_avg()).abs().max().template item<double>();
     EXPECT_TRUE(torch::allclose(f.exp_avg_sq(), r.exp_avg_sq(), 1e-5, 1e-9)) << c.name << " exp_avg_sq " << i;
     EXPECT_EQ(f.max_exp_avg_sq().defined(), r.max_exp_avg_sq().defined()) << c.name;
     if (r.max_exp_avg_sq().defined()) {
