@@ -5,7 +5,7 @@ h5py), models, sampler rule and optimizers as `mpiddp train`; one JSON line per 
 (the fields bench/train_bench.sh reads).
 
 usage: mpirun -np N python3 bench/python_ddp.py --data F.h5 --model linear|cnn|resnet18 --epochs E
-       --batch-size B --lr LR --optimizer sgd|adam [--seed S] [--threads T] [--port P] [--test-data T.h5]
+       --batch-size B --lr LR --optimizer sgd|adam [--fused] [--seed S] [--threads T] [--port P] [--test-data T.h5]
 resnet18 is torchvision's, first convolution for one channel, eager (as a Python user runs it).
 """
 import argparse
@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    ap.add_argument("--fused", action="store_true",
+                    help="Adam(fused=True): PyTorch's fused kernel, which its CPU default does not use (2.4+)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--port", default="29531")
@@ -68,7 +70,10 @@ def main():
         model = nn.Sequential(nn.Flatten(), nn.Linear(x.shape[1], y.shape[1]))
         loss_fn = F.mse_loss
     model = DDP(model)
-    opt = (torch.optim.Adam if a.optimizer == "adam" else torch.optim.SGD)(model.parameters(), lr=a.lr)
+    if a.optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=a.lr, **({"fused": True} if a.fused else {}))
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     sampler = DistributedSampler(TensorDataset(x, y), num_replicas=size, rank=rank, shuffle=True, seed=a.seed)
     loader = DataLoader(TensorDataset(x, y), batch_size=a.batch_size, sampler=sampler, drop_last=True)
 

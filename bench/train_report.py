@@ -9,7 +9,8 @@ import statistics as st
 import sys
 
 NAMES = {"python": "Python DDP (gloo), 2 ranks", "handwritten": "hand-written libtorch + MPI, 2 ranks",
-         "mpiddp": "mpiddp, 2 ranks", "single": "1 process, 2 threads"}
+         "mpiddp": "mpiddp, 2 ranks", "single": "1 process, 2 threads",
+         "python_fused": "Python DDP (gloo), Adam(fused=True), 2 ranks"}
 
 
 def per_round(rows):

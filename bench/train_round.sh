@@ -14,12 +14,14 @@ mpiddp=$build/mpiddp hand=$build/bench/mpiddp_handwritten_ddp
 
 # Epochs of the short and the long run of each workload and contender. The difference between
 # the two is what throughput is measured on, so start-up cancels and every per-epoch cost counts;
-# the toy's lengths differ by contender so that each pair differs by several seconds of work.
+# the toy's lengths differ by contender so that each pair differs by several seconds of work. The
+# CNN's pair is 1 and 5 epochs (80 steps apart, ~15 s): with 1 and 3, Python's start-up on sid,
+# which varies by +-0.4 s run to run, moved a round's ratio by +-5%.
 lengths() {  # lengths WORKLOAD CONTENDER -> "SHORT LONG"
   case $1/$2 in
     toy/python) echo "10 150" ;;
     toy/*) echo "100 1500" ;;
-    cnn/*) echo "1 3" ;;
+    cnn/*) echo "1 5" ;;
   esac
 }
 
@@ -36,7 +38,8 @@ run() {  # run WORKLOAD CONTENDER EPOCHS
   local t0 t1
   t0=$(date +%s.%N)
   case $who in
-    python) mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core $py bench/python_ddp.py --data "$data" \
+    python|python_fused) [ "$who" = python_fused ] && args+=(--fused)
+            mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core $py bench/python_ddp.py --data "$data" \
               --batch-size $batch --threads 1 "${args[@]}" >"$log" ;;
     handwritten) mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$hand" --data "$data" --batch-size $batch \
               --threads 1 "${args[@]}" >"$log" ;;
@@ -60,8 +63,15 @@ print(json.dumps({"stack": stack, "torch": torch_version, "workload": workload, 
 PY
 }
 
+# Where this stack's PyTorch has a CPU kernel for Adam(fused=True) (2.4+), the CNN also runs with
+# it: mpiddp's Adam is fused there (mpiddp::FusedAdam), Python's default is not.
+fused=
+$py -c 'import torch; torch.optim.Adam([torch.zeros(1, requires_grad=True)], fused=True)' 2>/dev/null &&
+  fused=python_fused
 for workload in toy cnn; do
-  for who in python handwritten mpiddp single; do
+  contenders="python handwritten mpiddp single"
+  [ "$workload" = cnn ] && [ -n "$fused" ] && contenders+=" $fused"
+  for who in $contenders; do
     for epochs in $(lengths $workload $who); do
       echo "[$stack round $round] $workload $who $epochs epochs" >&2
       run $workload $who "$epochs"
