@@ -2,9 +2,10 @@
 // same step with no communication (under no_sync), in alternating blocks within one run on every
 // rank, so both see the same machine noise. Run by bench/ddp_bench.sh; one JSON line on rank 0.
 // usage: mpiddp_ddp_bench --model cnn|mlp [--steps S per block] [--rounds R] [--warmup W]
-//        [--batch B] [--timeline F] [--bucket-cap-mb M]
+//        [--batch B] [--timeline F] [--bucket-cap-mb M] [--device cpu|cuda] [--backend mpi|nccl|gloo]
 #include <mpiddp/ddp.hpp>
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -49,7 +50,7 @@ TORCH_MODULE(BigMlp);
 
 int main(int argc, char** argv) {
   mpiddp::Runtime rt(&argc, &argv);
-  std::string model_name = "cnn", timeline;
+  std::string model_name = "cnn", timeline, device_name = "cpu", backend = "mpi";
   int steps = 5, warmup = 2, rounds = 6;
   int64_t batch = 64;
   double bucket_cap_mb = 25;
@@ -62,6 +63,13 @@ int main(int argc, char** argv) {
     else if (k == "--batch") batch = std::stoll(v);
     else if (k == "--timeline") timeline = v;
     else if (k == "--bucket-cap-mb") bucket_cap_mb = std::stod(v);
+    else if (k == "--device") device_name = v;
+    else if (k == "--backend") backend = v;
+  }
+  const c10::Device device = device_name == "cuda" ? rt.device() : c10::Device(c10::kCPU);
+  if (device_name == "cuda" && !(device.is_cuda() && torch::cuda::is_available())) {
+    if (rt.rank() == 0) std::cerr << "mpiddp_ddp_bench: --device cuda but no GPU for this rank\n";
+    return 1;
   }
   torch::set_num_threads(1);  // one core per rank: these machines have as many cores as ranks
   torch::manual_seed(1);
@@ -78,14 +86,15 @@ int main(int argc, char** argv) {
   }
   int64_t params = 0;
   for (const auto& p : module->parameters()) params += p.numel();
-  auto pg = mpiddp::make_process_group("mpi", rt);
+  module->to(device);
+  auto pg = mpiddp::make_process_group(backend, rt);
   mpiddp::DdpOptions o;
   o.timeline_path = timeline;
   o.bucket_cap_bytes = static_cast<int64_t>(bucket_cap_mb * (1 << 20));
   auto ddp = std::make_unique<mpiddp::DistributedDataParallel>(module, *pg, o);
   torch::optim::SGD opt(module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  auto x = torch::randn({batch, 1, 28, 28});
-  auto y = torch::randint(0, 10, {batch}, torch::kLong);
+  auto x = torch::randn({batch, 1, 28, 28}).to(device);
+  auto y = torch::randint(0, 10, {batch}, torch::kLong).to(device);
   // One training step; with `communicate` false the same step runs under no_sync: identical
   // compute, hooks and optimizer, no communication (the "no DDP" baseline).
   auto step = [&](bool communicate) {
@@ -105,16 +114,19 @@ int main(int argc, char** argv) {
     opt.step();
     opt.zero_grad();
   };
-  // A block's time is its mean step time on the slowest rank.
+  // A block's time is its mean step time on the slowest rank (on a GPU: until its kernels end).
+  auto settle = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
   auto block = [&](bool communicate) {
+    settle();
     pg->barrier();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < steps; ++i) step(communicate);
-    auto t = torch::tensor({std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-                            steps},
-                           torch::kDouble);
-    pg->allreduce(t, mpiddp::ReduceOp::kMax);
-    return t.item<double>();
+    settle();
+    double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, rt.world());
+    return t;
   };
   for (int i = 0; i < warmup; ++i) {
     step(true);
@@ -135,7 +147,8 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
       return s + "]";
     };
-    std::cout << "{\"model\": \"" << model_name << "\", \"params\": " << params << ", \"batch_per_rank\": " << batch
+    std::cout << "{\"model\": \"" << model_name << "\", \"device\": \"" << device.str() << "\", \"backend\": \""
+              << backend << "\", \"params\": " << params << ", \"batch_per_rank\": " << batch
               << ", \"ranks\": " << rt.size() << ", \"steps_per_block\": " << steps << ", \"local_ms\": " << list(local)
               << ", \"ddp_ms\": " << list(with_ddp) << ", \"buckets\": " << ddp->buckets().size() << "}" << std::endl;
   }

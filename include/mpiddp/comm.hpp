@@ -82,13 +82,17 @@ struct CommOptions {
   /// The stall monitor itself (warnings and the naming at the timeout); MPIDDP_STALL_WARNING=off
   /// turns it off: no notices are ever sent, and a timeout says only that it happened.
   bool stall_monitor = true;
+  /// mpi backend: copy every tensor through host memory around the collective, as it does for
+  /// CUDA tensors when the MPI library is not CUDA-aware; for an MPI whose CUDA support
+  /// misbehaves, and for tests of the staged path on CPU tensors. Other backends ignore it.
+  bool stage_through_host = false;
 
   /// Defaults overridden by the environment variables named above.
   static CommOptions from_environment();
 };
 
 /// One communicator of all ranks of a Runtime over one backend. Tensors must be contiguous, of a
-/// supported dtype, and on the backend's device type (cpu for mpi and gloo, cuda for nccl).
+/// supported dtype, and on a device the backend takes (mpi: cpu or cuda; gloo: cpu; nccl: cuda).
 /// Passing the same tensor as input and output runs in place; for allgather, in place means the
 /// input is this rank's slice of the output, for reduce_scatter the output is this rank's slice
 /// of the input (nccl-tests' convention).

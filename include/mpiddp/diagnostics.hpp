@@ -3,6 +3,7 @@
 
 #include <mpiddp/runtime.hpp>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,8 +23,24 @@ struct LibraryVersions {
   std::string hdf5;
   bool hdf5_parallel = false;
   bool gloo = false;
+  std::string mpi_cuda_aware;  ///< "yes", "no", or "unknown" where the MPI library cannot be asked
 };
 LibraryVersions library_versions();
+
+/// True when the MPI library reads and writes CUDA device memory itself (Open MPI's
+/// MPIX_Query_cuda_support() at run time); false where it cannot say.
+bool mpi_cuda_aware();
+
+/// The GPU behind a CUDA device, as the CUDA runtime names it; nullopt for a CPU device or a
+/// build without CUDA.
+struct GpuDescription {
+  std::string name;        ///< e.g. "NVIDIA H100 80GB HBM3"
+  std::string uuid;        ///< "GPU-..." as nvidia-smi prints it
+  std::string pci_bus_id;  ///< e.g. "0000:19:00.0"
+  double memory_gib = 0;
+  int compute_capability = 0;  ///< major * 10 + minor, e.g. 90
+};
+std::optional<GpuDescription> describe_gpu(const c10::Device& device);
 
 /// Every environment variable whose name contains "NCCL", sorted by name. `envp` is a
 /// null-terminated array like `environ` (injectable for tests).

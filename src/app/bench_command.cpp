@@ -4,6 +4,7 @@
 #include <mpiddp/error.hpp>
 
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cctype>
@@ -99,6 +100,7 @@ struct BenchConfig {
   int warmup = 0, iters = 0, root = 0;
   bool check = true;
   c10::ScalarType dtype = c10::kFloat;
+  c10::Device device = c10::kCPU;  // of the buffers
   ReduceOp op = ReduceOp::kSum;
   std::string json_path, csv_path;
 };
@@ -134,21 +136,22 @@ struct Buffers {
   torch::Tensor in, out;
 };
 
-Buffers make_buffers(Collective c, int64_t count, c10::ScalarType dtype, bool in_place, int rank, int n) {
+Buffers make_buffers(Collective c, int64_t count, const BenchConfig& cfg, bool in_place, int rank, int n) {
   const int64_t part = count / n;
+  const auto opts = torch::TensorOptions().dtype(cfg.dtype).device(cfg.device);
   Buffers b;
   switch (c) {
     case Collective::kAllgather:
-      b.out = torch::zeros({count}, dtype);
-      b.in = in_place ? b.out.narrow(0, rank * part, part) : torch::zeros({part}, dtype);
+      b.out = torch::zeros({count}, opts);
+      b.in = in_place ? b.out.narrow(0, rank * part, part) : torch::zeros({part}, opts);
       break;
     case Collective::kReduceScatter:
-      b.in = torch::zeros({count}, dtype);
-      b.out = in_place ? b.in.narrow(0, rank * part, part) : torch::zeros({part}, dtype);
+      b.in = torch::zeros({count}, opts);
+      b.out = in_place ? b.in.narrow(0, rank * part, part) : torch::zeros({part}, opts);
       break;
     default:
-      b.in = torch::zeros({count}, dtype);
-      b.out = in_place ? b.in : torch::zeros({count}, dtype);
+      b.in = torch::zeros({count}, opts);
+      b.out = in_place ? b.in : torch::zeros({count}, opts);
   }
   return b;
 }
@@ -194,13 +197,13 @@ int64_t count_wrong(ProcessGroup& pg, const BenchConfig& cfg, Collective c, cons
   const double tol = cfg.op == ReduceOp::kAvg && reduces(c)
                          ? (cfg.dtype == c10::kBFloat16 ? 1e-2 : cfg.dtype == c10::kHalf ? 1e-3 : 1e-6)
                          : 0.0;
-  auto diff = (b.out.to(torch::kDouble) - expected).abs();
+  auto diff = (b.out.to(torch::kCPU).to(torch::kDouble) - expected).abs();
   return (diff > expected.abs().clamp_min(1.0) * tol).sum().item<int64_t>();
 }
 
 Measurement measure(ProcessGroup& pg, const Runtime& rt, const BenchConfig& cfg, Collective c,
                     const bench::SizePoint& size, bool in_place) {
-  Buffers b = make_buffers(c, size.count, cfg.dtype, in_place, pg.rank(), pg.size());
+  Buffers b = make_buffers(c, size.count, cfg, in_place, pg.rank(), pg.size());
   for (int i = 0; i < cfg.warmup; ++i) start(pg, cfg, c, b)->wait();
   MPIDDP_CHECK_MPI(MPI_Barrier(rt.world()));
   const auto t0 = std::chrono::steady_clock::now();
@@ -258,7 +261,7 @@ json to_json(const Measurement& m) {
 
 int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
   po::options_description options("mpiddp bench options");
-  std::string collective, minbytes, maxbytes, dtype, op;
+  std::string collective, minbytes, maxbytes, dtype, op, device;
   BenchConfig cfg;
   int check = 1;
   options.add_options()("help,h", "show this help")(
@@ -272,6 +275,8 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
       "iters,n", po::value(&cfg.iters)->default_value(20), "timed iterations per size")(
       "check,c", po::value(&check)->default_value(1), "1: verify results against the formula and count #wrong")(
       "dtype,d", po::value(&dtype)->default_value("float32"), "float32|float64|bfloat16|float16|int32|int64")(
+      "device", po::value(&device)->default_value("auto"),
+      "cpu|cuda|auto: where the buffers live (auto: this rank's GPU for nccl, else cpu)")(
       "op,o", po::value(&op)->default_value("sum"), "sum|avg|min|max (allreduce, reduce_scatter)")(
       "root,r", po::value(&cfg.root)->default_value(0), "broadcast root")(
       "json", po::value(&cfg.json_path), "also write the results as JSON to this file (rank 0)")(
@@ -302,6 +307,13 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
     const auto built = available_backends();
     MPIDDP_CHECK(std::find(built.begin(), built.end(), cfg.backend) != built.end(),
                  "backend '" + cfg.backend + "' is not built into this mpiddp");
+    MPIDDP_CHECK(device == "auto" || device == "cpu" || device == "cuda",
+                 "--device takes cpu, cuda or auto, not '" + device + "'");
+    const bool cuda = device == "cuda" || (device == "auto" && cfg.backend == "nccl");
+    MPIDDP_CHECK(!cuda || (runtime.device().is_cuda() && torch::cuda::is_available()),
+                 (device == "cuda" ? std::string("--device cuda") : "--backend " + cfg.backend) +
+                     ": this rank has no GPU, or this libtorch has no CUDA");
+    cfg.device = cuda ? runtime.device() : c10::Device(c10::kCPU);
   };
   po::variables_map vm;
   if (auto code = agree_on_local_phase(runtime, "bench", [&] { vm = parse_options(options, args); validate(); })) {
@@ -327,8 +339,8 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
   const std::string type = dtype_name(cfg.dtype);
   std::ostringstream out;
   out << "# mpiddp bench: backend " << cfg.backend << ", " << runtime.size() << " rank(s) on " << runtime.node_count()
-      << " node(s), dtype " << type << ", warmup " << cfg.warmup << ", iters " << cfg.iters << ", check "
-      << (cfg.check ? 1 : 0) << "\n";
+      << " node(s), dtype " << type << ", device " << (cfg.device.is_cuda() ? "cuda" : "cpu") << ", warmup "
+      << cfg.warmup << ", iters " << cfg.iters << ", check " << (cfg.check ? 1 : 0) << "\n";
   print_rank0(runtime, out.str());
 
   json results = json::array();
@@ -384,8 +396,8 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
   print_rank0(runtime, footer.str());
   if (runtime.rank() == 0 && !cfg.json_path.empty()) {
     json doc = {{"backend", cfg.backend}, {"world_size", runtime.size()}, {"node_count", runtime.node_count()},
-                {"dtype", type}, {"op", to_string(cfg.op)}, {"warmup_iters", cfg.warmup}, {"iters", cfg.iters},
-                {"check", cfg.check}, {"results", results}, {"avg_busbw_gbps", avg_busbw},
+                {"dtype", type}, {"device", cfg.device.is_cuda() ? "cuda" : "cpu"}, {"op", to_string(cfg.op)},
+                {"warmup_iters", cfg.warmup}, {"iters", cfg.iters}, {"check", cfg.check}, {"results", results}, {"avg_busbw_gbps", avg_busbw},
                 {"wrong", wrong_total}, {"result", wrong_total == 0 ? "OK" : "FAILED"}};
     std::ofstream j(cfg.json_path);
     MPIDDP_CHECK(j.good(), "cannot write --json file '" + cfg.json_path + "'");

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <iostream>
 #include <sstream>
 
@@ -34,6 +35,7 @@ json versions_json(const LibraryVersions& v, const Runtime& rt) {
   if (!v.nccl.empty()) backends.push_back("nccl");
   if (v.gloo) backends.push_back("gloo");
   j["backends"] = backends;
+  j["mpi_cuda_aware"] = v.mpi_cuda_aware;
   return j;
 }
 
@@ -50,6 +52,12 @@ json describe_rank(const Runtime& rt) {
   j["NODE_COUNT"] = t.node_count;
   j["device"] = rt.device().str();
   j["visible_gpus"] = rt.visible_gpus();
+  if (auto g = describe_gpu(rt.device())) {
+    j["gpu"] = {{"name", g->name}, {"uuid", g->uuid}, {"pci_bus_id", g->pci_bus_id},
+                {"memory_gib", g->memory_gib}, {"compute_capability", g->compute_capability}};
+  } else {
+    j["gpu"] = nullptr;
+  }
   json nccl = json::object();
   for (const auto& [k, v] : nccl_environment(environ)) nccl[k] = v;
   j["nccl_env"] = nccl;
@@ -70,6 +78,17 @@ std::string format_text(const json& ranks, const json& checks, bool ok) {
       out << host << " " << key << " : " << r[key].get<int>() << "\n";
     }
     out << host << " DEVICE : " << r["device"].get<std::string>() << "\n";
+    const json& g = r["gpu"];
+    out << host << " GPU : ";
+    if (g.is_null()) {
+      out << "none\n";
+    } else {
+      char mem[32];
+      std::snprintf(mem, sizeof mem, "%.1f GiB", g["memory_gib"].get<double>());
+      const int cc = g["compute_capability"].get<int>();
+      out << g["name"].get<std::string>() << " (" << mem << ", compute " << cc / 10 << "." << cc % 10 << ", PCI "
+          << g["pci_bus_id"].get<std::string>() << ", " << g["uuid"].get<std::string>() << ")\n";
+    }
     for (const auto& [k, v] : r["nccl_env"].items()) out << host << " " << k << " : " << v.get<std::string>() << "\n";
   }
   const json& v = first["versions"];
@@ -85,6 +104,7 @@ std::string format_text(const json& ranks, const json& checks, bool ok) {
                                                            : "runtime " + v["cuda_runtime"].get<std::string>() +
                                                                  ", driver " + v["cuda_driver"].get<std::string>())
       << ", " << first["visible_gpus"].get<int>() << " GPU(s) visible to rank 0\n"
+      << "  CUDA-aware MPI: " << v["mpi_cuda_aware"].get<std::string>() << "\n"
       << "  HDF5      : " << v["hdf5"].get<std::string>() << (v["hdf5_parallel"].get<bool>() ? " (parallel)" : " (serial)")
       << "\n"
       << "  backends  : ";
@@ -123,8 +143,9 @@ int run_info(Runtime& runtime, const std::vector<std::string>& args) {
   if (vm.count("help")) {
     print_help(runtime,
                "usage: mpirun -np N mpiddp info [options]\n\n"
-            "Prints every rank's hostname, rank, local rank, node index, device and NCCL_* variables in rank\n"
-            "order, the library versions, and checks allreduce, broadcast and allgather on all ranks.\n"
+            "Prints every rank's hostname, rank, local rank, node index, device, GPU and NCCL_* variables in\n"
+            "rank order, the library versions (CUDA-aware MPI or not), and checks allreduce, broadcast and\n"
+            "allgather on all ranks.\n"
             "Exit status 0 when the sanity check passes on every rank, 1 otherwise.\n\n",
                options);
     return kExitOk;

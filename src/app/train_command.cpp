@@ -55,8 +55,9 @@ void check_config(const Runtime& runtime, const TrainConfig& c) {
     MPIDDP_CHECK(torch::cuda::is_available() && runtime.device().is_cuda(),
                  "--device cuda: this libtorch has no CUDA or no GPU is visible");
   }
-  MPIDDP_CHECK((c.backend == "nccl") == (c.device == "cuda"),
-               "--backend nccl goes with --device cuda, mpi and gloo with --device cpu");
+  // mpi takes either device (CUDA tensors: CUDA-aware MPI, else staged through the host).
+  MPIDDP_CHECK(c.backend != "nccl" || c.device == "cuda", "--backend nccl goes with --device cuda");
+  MPIDDP_CHECK(c.backend != "gloo" || c.device == "cpu", "--backend gloo goes with --device cpu");
   MPIDDP_CHECK(!t.data.empty(), "--data is required");
   MPIDDP_CHECK(t.save_every >= 0 && t.save_every_steps >= 0, "--save-every and --save-every-steps must be >= 0");
   MPIDDP_CHECK(t.keep >= 0, "--keep must be >= 0");

@@ -1,7 +1,8 @@
-// The mpi backend: non-blocking MPI collectives on CPU tensors (and CUDA tensors where the MPI
-// library is CUDA-aware). MPI has no bfloat16/float16 types: they travel as 2-byte opaque
-// elements and are reduced by user-defined ops that compute in float32 and round once per
-// pairwise combination, as NCCL does.
+// The mpi backend: non-blocking MPI collectives on CPU tensors and on CUDA tensors (handed to a
+// CUDA-aware MPI library directly where it can, else staged through host memory). MPI has no
+// bfloat16/float16 types: they travel as 2-byte opaque elements and are reduced by user-defined
+// ops that compute in float32 and round once per pairwise combination, as NCCL does.
+#include <mpiddp/diagnostics.hpp>
 #include <mpiddp/error.hpp>
 
 #include <c10/util/BFloat16.h>
@@ -14,9 +15,6 @@
 #include "common/check.hpp"
 #include "common/check_cuda.hpp"
 
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>
-#endif
 
 namespace mpiddp::detail {
 namespace {
@@ -41,14 +39,6 @@ void max_fn(void* in, void* inout, int* len, MPI_Datatype*) {
   combine<T>(in, inout, len, [](float x, float y) { return x > y ? x : y; });
 }
 
-bool mpi_is_cuda_aware() {
-#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() == 1;
-#else
-  return false;
-#endif
-}
-
 class MpiWork : public PollingWork {
  public:
   MpiWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, MPI_Request request,
@@ -70,7 +60,7 @@ class MpiWork : public PollingWork {
 class MpiProcessGroup : public ProcessGroup {
  public:
   MpiProcessGroup(const Runtime& runtime, const CommOptions& options)
-      : ProcessGroup(runtime, options), cuda_aware_(mpi_is_cuda_aware()) {
+      : ProcessGroup(runtime, options), cuda_aware_(mpi_cuda_aware()) {
     MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &comm_));
     MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MPIDDP_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, &half_type_));
@@ -99,18 +89,46 @@ class MpiProcessGroup : public ProcessGroup {
 
  protected:
   void check_device(const c10::Device& device, const std::string& what) const override {
-    if (device.is_cpu() || (device.is_cuda() && cuda_aware_)) return;
-    MPIDDP_THROW(what + ": the mpi backend takes CPU tensors" +
-                 std::string(device.is_cuda() ? " (this MPI library is not CUDA-aware; use the nccl backend)" : "") +
-                 ", got one on " + device.str());
+    // CUDA tensors go to a CUDA-aware MPI directly, through host memory otherwise (launch_staged).
+    MPIDDP_CHECK(device.is_cpu() || device.is_cuda(),
+                 what + ": the mpi backend takes CPU or CUDA tensors, got one on " + device.str());
   }
 
   WorkHandle launch(const Call& c) override {
+    if (c.kind != Collective::kBarrier &&
+        (options().stage_through_host || (c.input.is_cuda() && !(cuda_aware_ && !reduces(c.kind))))) {
+      return launch_staged(c);
+    }
+    return launch_host(c, {}, nullptr);
+  }
+
+ private:
+  // Reductions run their operator on the host (ours for bf16/fp16; Open MPI's non-blocking
+  // collectives do not stage device buffers for it), so they are staged even where MPI is
+  // CUDA-aware; data movement alone goes to a CUDA-aware MPI directly.
+  static bool reduces(Collective k) { return k == Collective::kAllreduce || k == Collective::kReduceScatter; }
+
+  // Without a CUDA-aware MPI a CUDA tensor travels through host memory: the input is copied out
+  // before the collective starts (the copy waits for the kernels that wrote it) and the result
+  // copied back when it completes. The host call is always out of place, whatever the caller's
+  // layout, so one rule covers every collective.
+  WorkHandle launch_staged(const Call& c) {
+    Call host = c;
+    host.input = c.input.to(torch::kCPU);
+    host.output = torch::empty(c.output.sizes(), c.output.options().device(torch::kCPU));
+    host.in_place = false;
+    torch::Tensor device_out = c.output, host_out = host.output;
+    return launch_host(host, {c.input, c.output}, [device_out, host_out] { device_out.copy_(host_out); });
+  }
+
+  // Starts `c` on host-addressable (or, for a CUDA-aware MPI, device) memory. `keep` lives until
+  // completion; `after` runs on completion, after the collective's own finishing step.
+  WorkHandle launch_host(const Call& c, std::vector<torch::Tensor> keep, std::function<void()> after) {
     MPI_Request req = MPI_REQUEST_NULL;
     const auto timeout = options().timeout;
     if (c.kind == Collective::kBarrier) {
       MPIDDP_CHECK_MPI(MPI_Ibarrier(comm_, &req));
-      return std::make_unique<MpiWork>(c, timeout, req, std::vector<torch::Tensor>{}, nullptr);
+      return std::make_unique<MpiWork>(c, timeout, req, std::move(keep), std::move(after));
     }
     const MPI_Datatype type = datatype(c.input.scalar_type());
 #if MPIDDP_HAS_CUDA
@@ -118,8 +136,7 @@ class MpiProcessGroup : public ProcessGroup {
     if (c.input.is_cuda()) MPIDDP_CHECK_CUDA(cudaDeviceSynchronize());
 #endif
     const int n = size();
-    std::vector<torch::Tensor> keep;  // scratch buffers only: the Work's Call holds input and output
-    std::function<void()> finish;
+    std::function<void()> finish;  // the collective's own finishing step, before `after`
     switch (c.kind) {
       case Collective::kAllreduce: {
         const int count = checked_count(c.input.numel());
@@ -165,10 +182,17 @@ class MpiProcessGroup : public ProcessGroup {
       case Collective::kBarrier:
         break;
     }
+    if (after && finish) {
+      finish = [own = std::move(finish), after = std::move(after)] {
+        own();
+        after();
+      };
+    } else if (after) {
+      finish = std::move(after);
+    }
     return std::make_unique<MpiWork>(c, timeout, req, std::move(keep), std::move(finish));
   }
 
- private:
   static int checked_count(int64_t n) {
     MPIDDP_CHECK(n <= INT_MAX, "mpi backend: " + std::to_string(n) + " elements exceed MPI's int count; split the tensor");
     return static_cast<int>(n);

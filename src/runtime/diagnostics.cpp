@@ -7,10 +7,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "common/check.hpp"
 #include "common/check_cuda.hpp"
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
 
 namespace mpiddp {
 #if MPIDDP_HAS_CUDA
@@ -62,7 +67,47 @@ LibraryVersions library_versions() {
   v.hdf5 = std::to_string(h5_major) + "." + std::to_string(h5_minor) + "." + std::to_string(h5_release);
   v.hdf5_parallel = MPIDDP_HDF5_PARALLEL == 1;
   v.gloo = MPIDDP_HAS_GLOO == 1;
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+  v.mpi_cuda_aware = mpi_cuda_aware() ? "yes" : "no";
+#else
+  v.mpi_cuda_aware = "unknown";
+#endif
   return v;
+}
+
+bool mpi_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
+std::optional<GpuDescription> describe_gpu(const c10::Device& device) {
+#if MPIDDP_HAS_CUDA
+  if (!device.is_cuda()) return std::nullopt;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device.index()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  GpuDescription g;
+  g.name = p.name;
+  char uuid[64];
+  const auto* u = reinterpret_cast<const unsigned char*>(p.uuid.bytes);
+  std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  g.uuid = uuid;
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device.index()) == cudaSuccess) g.pci_bus_id = bus;
+  g.memory_gib = static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+  g.compute_capability = p.major * 10 + p.minor;
+  (void)cudaGetLastError();
+  return g;
+#else
+  (void)device;
+  return std::nullopt;
+#endif
 }
 
 std::vector<std::pair<std::string, std::string>> nccl_environment(char** envp) {

@@ -57,13 +57,16 @@ int64_t count_wrong(const torch::Tensor& got, const std::vector<double>& expecte
   return wrong;
 }
 
-mpiddp::ProcessGroup& group(const std::string& backend) { return mpiddp::testing::checked_group(backend); }
+mpiddp::ProcessGroup& group(const std::string& backend) {
+  if (backend != "mpi_staged") return mpiddp::testing::checked_group(backend);
+  // The mpi group's host staging (CUDA tensors without CUDA-aware MPI), run on CPU tensors.
+  return mpiddp::testing::checked_group("mpi", backend, [](mpiddp::CommOptions& o) { o.stage_through_host = true; });
+}
 
 // Runs one collective; returns the number of wrong elements on this rank.
 int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtype, ReduceOp op, bool in_place,
-                 int64_t count) {
+                 int64_t count, c10::Device dev = c10::kCPU) {
   const int r = pg.rank(), n = pg.size();
-  const c10::Device dev = pg.backend() == "nccl" ? runtime().device() : c10::Device(c10::kCPU);
   auto filled = [&](int rank, int64_t k, c10::ScalarType t) { return ::filled(rank, k, t).to(dev); };
   auto full = [&](int64_t k, double value, c10::ScalarType t) {
     return torch::full({k}, value, torch::TensorOptions().dtype(t).device(dev));
@@ -141,9 +144,22 @@ std::vector<std::string> cpu_backends() {
 
 using Case = std::tuple<std::string, Collective, c10::ScalarType, ReduceOp, bool>;
 
+// A case's backend names the group and the tensors' device: "nccl" (CUDA), "mpi_cuda" (the mpi
+// group with CUDA tensors: CUDA-aware MPI or staged through the host), "mpi_staged" (CPU tensors
+// through the staged path), or a CPU group.
+std::vector<std::string> case_backends() {
+  std::vector<std::string> b = mpiddp::available_backends();
+  b.emplace_back("mpi_staged");
+  b.emplace_back("mpi_cuda");
+  return b;
+}
+
+bool on_cuda(const std::string& case_backend) { return case_backend == "nccl" || case_backend == "mpi_cuda"; }
+std::string group_name(const std::string& case_backend) { return case_backend == "mpi_cuda" ? "mpi" : case_backend; }
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (const auto& backend : mpiddp::available_backends()) {
+  for (const auto& backend : case_backends()) {
     for (auto kind : {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather,
                       Collective::kReduceScatter, Collective::kAlltoall}) {
       const bool reduces = kind == Collective::kAllreduce || kind == Collective::kReduceScatter;
@@ -171,13 +187,21 @@ class CollectiveTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CollectiveTest, MatchesFormula) {
   const auto& [backend, kind, dtype, op, in_place] = GetParam();
-  if (backend == "nccl" && !nccl_usable()) GTEST_SKIP() << "nccl needs one GPU per rank and a CUDA libtorch";
-  auto& pg = group(backend);
+  if (backend == "nccl" && !nccl_usable()) {
+    // Two ranks sharing one GPU cannot use NCCL at all; anything else on the GPU machine is a failure.
+    if (mpiddp::testing::gpu_required() && on_all_ranks(runtime().local_size() <= runtime().visible_gpus())) {
+      FAIL() << "MPIDDP_REQUIRE_GPU=1 but the nccl backend is unusable";
+    }
+    GTEST_SKIP() << "nccl needs one GPU per rank and a CUDA libtorch";
+  }
+  if (backend == "mpi_cuda") MPIDDP_SKIP_WITHOUT_GPU();
+  const c10::Device dev = on_cuda(backend) ? runtime().device() : c10::Device(c10::kCPU);
+  auto& pg = group(group_name(backend));
   if (!pg.supports(kind, dtype, op)) {
     // Unsupported combinations are a clear error on every rank, raised before anything is sent.
     bool refused = false;
     try {
-      run_case(pg, kind, dtype, op, in_place, 7);
+      run_case(pg, kind, dtype, op, in_place, 7, dev);
     } catch (const mpiddp::Error& e) {
       refused = std::string(e.what()).find("does not support") != std::string::npos;
     }
@@ -188,7 +212,7 @@ TEST_P(CollectiveTest, MatchesFormula) {
     int64_t wrong = -1;
     std::string error;
     try {
-      wrong = run_case(pg, kind, dtype, op, in_place, count);
+      wrong = run_case(pg, kind, dtype, op, in_place, count, dev);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -264,7 +288,7 @@ TEST(Comm, BadArgumentsAreClearErrors) {
   ok &= expect_error([&] { pg.allreduce_async(torch::ones({3}, torch::kInt), torch::ones({3}, torch::kInt), ReduceOp::kAvg); },
                      "mpi does not support allreduce of int32 with avg");
   ok &= expect_error([&] { pg.allreduce(torch::empty({3}, torch::TensorOptions().device(torch::kMeta))); },
-                     "the mpi backend takes CPU tensors");
+                     "the mpi backend takes CPU or CUDA tensors, got one on meta");
   EXPECT_EQ(pg.sequence(), seq) << "refused calls must not consume sequence numbers";
   MPIDDP_EXPECT_ALL(ok && pg.sequence() == seq);
 }

@@ -6,6 +6,11 @@
 #include <mpiddp/runtime.hpp>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <cstdlib>
+#include <functional>
+#include <string>
 
 namespace mpiddp::testing {
 
@@ -13,13 +18,35 @@ namespace mpiddp::testing {
 Runtime& runtime();
 
 /// A process group of `backend` in check mode (timeout 120 s), created on first use and kept until
-/// the run ends (collective: every rank must ask for the same backends in the same order).
-ProcessGroup& checked_group(const std::string& backend);
+/// the run ends (collective: every rank must ask for the same backends in the same order). A
+/// non-empty `key` names a second group of the backend whose options `adjust` changes.
+ProcessGroup& checked_group(const std::string& backend, const std::string& key = "",
+                            const std::function<void(CommOptions&)>& adjust = nullptr);
 
 /// True on every rank iff `local` is true on every rank.
 inline bool on_all_ranks(bool local) { return all_ok(runtime().world(), local); }
 
+/// True on every rank iff every rank's libtorch has CUDA and the rank has a GPU.
+inline bool cuda_on_all_ranks() { return on_all_ranks(torch::cuda::is_available() && runtime().device().is_cuda()); }
+
+/// MPIDDP_REQUIRE_GPU=1 (bench/gpu.sh sets it) turns a GPU case's skip into a failure, so a run
+/// on the GPU machine cannot pass by skipping what it is there to prove.
+inline bool gpu_required() {
+  const char* v = std::getenv("MPIDDP_REQUIRE_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
 }  // namespace mpiddp::testing
+
+/// Skips the current test on every rank (or fails it, under MPIDDP_REQUIRE_GPU=1) unless every
+/// rank can use CUDA.
+#define MPIDDP_SKIP_WITHOUT_GPU()                                                                 \
+  do {                                                                                            \
+    if (!::mpiddp::testing::cuda_on_all_ranks()) {                                                \
+      if (::mpiddp::testing::gpu_required()) FAIL() << "MPIDDP_REQUIRE_GPU=1 but a rank has no GPU"; \
+      GTEST_SKIP() << "needs a CUDA libtorch and a GPU on every rank";                           \
+    }                                                                                             \
+  } while (0)
 
 /// Asserts `cond` on every rank after the ranks have agreed: fails everywhere if any rank failed.
 #define MPIDDP_EXPECT_ALL(cond) EXPECT_TRUE(::mpiddp::testing::on_all_ranks(static_cast<bool>(cond))) << #cond

@@ -47,7 +47,7 @@ run_np 2 "$mpiddp" bench -b 64 -e 64 -d int64 -o max --collective reduce_scatter
 check "int64 max reduce_scatter: exit 0" [ "$rc" -eq 0 ]
 
 for bad in "-b 1X" "-b 8M -e 1M" "-f 1" "-n 0" "-c 2" "--dtype complex64" "--op prod" "--collective gossip" \
-           "--backend carrier-pigeon" "--root 9" "--iters many" "--frobnicate"; do
+           "--backend carrier-pigeon" "--root 9" "--iters many" "--frobnicate" "--device tpu"; do
   # shellcheck disable=SC2086
   run_np 2 "$mpiddp" bench $bad
   check "bad input '$bad': non-zero exit, no hang" failed_cleanly
@@ -57,5 +57,11 @@ if [[ " $backends " != *" nccl "* ]] || ! command -v nvidia-smi >/dev/null; then
   run_np 2 "$mpiddp" bench --backend nccl
   check "nccl without GPUs: non-zero exit" failed_cleanly
   check "nccl without GPUs: one line saying so" one_line "$err"
+fi
+if ! command -v nvidia-smi >/dev/null; then
+  run_np 2 "$mpiddp" bench --device cuda
+  check "--device cuda without GPUs: non-zero exit" failed_cleanly
+  check "--device cuda without GPUs: one line saying so" one_line "$err"
+  check "--device cuda without GPUs: says why" contains "device cuda: this rank has no GPU" "$err"
 fi
 finish

@@ -12,6 +12,11 @@ run_alone "$mpiddp" info
 check "singleton: exit 0" [ "$rc" -eq 0 ]
 check "singleton: '<host>: 0 of 1'" [ "$(count_lines "$host: 0 of 1" "$out")" -eq 1 ]
 check "singleton: ends in OK" [ "$(last_line "$out")" = OK ]
+# GPUs this build can use: nvidia-smi's count where mpiddp was built with CUDA, else none.
+gpus=0
+if contains "^  CUDA      : runtime" "$out" && command -v nvidia-smi >/dev/null; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU ")
+fi
 
 for n in 1 2 3 4; do
   run_np "$n" "${nccl_flag[@]}" "$mpiddp" info
@@ -25,7 +30,15 @@ for n in 1 2 3 4; do
   check "np$n: LOCAL_WORLD_SIZE $n" [ "$(count_lines "$host LOCAL_WORLD_SIZE : $n" "$out")" -eq "$n" ]
   check "np$n: NCCL_DEBUG shown per rank" [ "$(count_lines "$host NCCL_DEBUG : INFO" "$out")" -eq "$n" ]
   check "np$n: NCCL_SOCKET_IFNAME shown per rank" [ "$(count_lines "$host NCCL_SOCKET_IFNAME : lo" "$out")" -eq "$n" ]
-  check "np$n: device cpu" [ "$(count_lines "$host DEVICE : cpu" "$out")" -eq "$n" ]
+  if [ "$gpus" -eq 0 ]; then
+    check "np$n: device cpu" [ "$(count_lines "$host DEVICE : cpu" "$out")" -eq "$n" ]
+    check "np$n: no GPU, said per rank" [ "$(count_lines "$host GPU : none" "$out")" -eq "$n" ]
+  else  # ranks take GPUs round-robin by local rank
+    check "np$n: a CUDA device per rank" [ "$(grep -c -x "$host DEVICE : cuda:[0-9]*" <<<"$out")" -eq "$n" ]
+    check "np$n: the GPU of every rank, named" \
+      [ "$(grep -c -x "$host GPU : .* ([0-9.]* GiB, compute [0-9.]*, PCI .*, GPU-[0-9a-f-]*)" <<<"$out")" -eq "$n" ]
+  fi
+  check "np$n: CUDA-aware MPI said" contains "^  CUDA-aware MPI: \(yes\|no\|unknown\)$" "$out"
   check "np$n: versions" contains "MPI       : " "$out"
   check "np$n: ends in one OK" [ "$(last_line "$out")" = OK ]
 done
@@ -41,6 +54,8 @@ assert [r["LOCAL_RANK"] for r in d["ranks"]] == [0, 1, 2]
 assert all(r["GROUP_RANK"] == 0 and r["LOCAL_WORLD_SIZE"] == 3 for r in d["ranks"])
 assert all(c["ok"] for c in d["sanity_check"]["checks"])
 assert d["ranks"][0]["versions"]["mpi"].strip()
+assert d["ranks"][0]["versions"]["mpi_cuda_aware"] in ("yes", "no", "unknown")
+assert all(("gpu" in r) and ((r["gpu"] is None) == (r["device"] == "cpu")) for r in d["ranks"])
 ' <<<"$out"
 
 run_np 3 "$mpiddp" info --inject-fault 1

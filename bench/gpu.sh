@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# Everything the GPU proof needs, in one call on a GPU machine (the 'cuda' image of the H100/H200
+# machines: PyTorch 2.11+cu130 with its NCCL wheel, the CUDA 13 toolkit, CMake and ninja; no MPI,
+# HDF5, Boost or GoogleTest, and nothing outside it can be reached).
+#
+# Before, on a machine with Debian's archive: `bash scripts/gpu_debs.sh` (downloads the Debian 12
+# packages and Fashion-MNIST into .gpu-debs/, ~57 MiB); carry .gpu-debs to the GPU machine. There:
+#   bash bench/gpu.sh [OUT_DIR] [STAGES]
+# STAGES (comma-separated, default all): deps,build,tests,cli,train,figures
+#   deps     unpack the packages into a prefix (system libraries win where the image has the soname)
+#   build    mpiddp against the machine's libtorch (torch.utils.cmake_prefix_path) and NCCL
+#   tests    the whole CTest suite with MPIDDP_REQUIRE_GPU=1: GPU cases fail instead of skipping
+#   cli      mpiddp info at 1 and 2 ranks; mpiddp bench --backend nccl -c 1 (1 rank), --backend mpi
+#            --device cuda -c 1 (2 ranks sharing the GPU)
+#   train    mpiddp train --device cuda --backend nccl --model cnn on Fashion-MNIST (>= 90% test
+#            accuracy), a TorchScript model, bf16 and fp16 mixed precision
+#   figures  samples/s on the GPU, side by side, ROUNDS rounds (env GPU_ROUNDS, default 3): mpiddp
+#            (nccl, 1 rank) and Python PyTorch DDP (nccl, 1 rank, eager) for the CNN, a 20 M-parameter
+#            MLP and torchvision's ResNet-18 (scripted for mpiddp); DDP overhead over the same steps
+#            without communication (mpiddp_ddp_bench --device cuda)
+# Where one command may run 10 minutes at most, two calls do it all, each on a fresh machine:
+#   bash bench/gpu.sh OUT deps,build,tests     and     bash bench/gpu.sh OUT deps,build,cli,train,figures
+# (GPU_CTEST_JOBS, default nproc/2, sets the suite's parallelism; GPU_ROUNDS the figures' rounds).
+# Writes into OUT_DIR six files: summary.txt (one line per check: PASS/FAIL), gpu.log (everything),
+# tests.log (CTest), figures.jsonl and figures.md, logs.tgz (every other log); data, models and
+# snapshots go to GPU_WORK (default /tmp/mpiddp-gpu). Exit status non-zero if any check failed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+out=${1:-${OUT:-gpu-out}}
+stages=${2:-deps,build,tests,cli,train,figures}
+rounds=${GPU_ROUNDS:-3}
+debs=${GPU_DEBS:-.gpu-debs}
+prefix=${GPU_PREFIX:-/opt/mpiddp-deps}
+build=${GPU_BUILD:-build-gpu}
+work=${GPU_WORK:-/tmp/mpiddp-gpu}
+mkdir -p "$out" "$work/logs"
+out=$(cd "$out" && pwd)
+logs=$work/logs
+log=$out/gpu.log summary=$out/summary.txt
+: >"$summary"
+exec > >(tee -a "$log") 2>&1
+py=${GPU_PYTHON:-python3}
+has() { [[ ",$stages," == *",$1,"* ]]; }
+say() { echo "== $(date +%T) $*"; }
+failures=0
+result() {  # result NAME STATUS [DETAIL]
+  local status=$2
+  [ "$status" = PASS ] || failures=$((failures + 1))
+  echo "$status $1${3:+ : $3}" | tee -a "$summary"
+}
+run_check() {  # run_check NAME command...: PASS when the command exits 0
+  local name=$1
+  shift
+  if "$@"; then result "$name" PASS; else result "$name" FAIL "exit $?"; fi
+}
+
+# ---- environment: the prefix, torch, CUDA, NCCL ---------------------------------------------
+usr=$prefix/usr
+lib=$usr/lib/x86_64-linux-gnu
+fallback_lib=$prefix/fallback/usr/lib/x86_64-linux-gnu
+export OPAL_PREFIX=$usr PMIX_INSTALL_PREFIX=$lib/pmix2
+export PATH=$usr/bin:$PATH
+export LD_LIBRARY_PATH=$lib:$lib/openmpi/lib:$lib/hdf5/serial:$fallback_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none  # no CMA inside a VM
+export MPIDDP_REQUIRE_GPU=1
+export MPIDDP_TEST_PYTHON=${MPIDDP_TEST_PYTHON:-$(command -v "${GPU_PYTHON:-python3}")}
+
+if has deps; then
+  say "deps: unpacking $debs into $prefix"
+  [ -d "$debs/core" ] || { result deps FAIL "no $debs/core: run scripts/gpu_debs.sh first and carry $debs"; exit 1; }
+  rm -rf "$prefix" && mkdir -p "$prefix/fallback"
+  for f in "$debs"/core/*.deb; do dpkg-deb -x "$f" "$prefix"; done
+  for f in "$debs"/fallback/*.deb; do dpkg-deb -x "$f" "$prefix/fallback"; done
+  # A fallback library whose soname the image already has gives way to the image's; a -dev link to
+  # it is pointed at the image's copy.
+  for so in "$fallback_lib"/*.so.*; do
+    [ -f "$so" ] && [ ! -L "$so" ] || continue
+    name=$(objdump -p "$so" 2>/dev/null | awk '/SONAME/ {print $2}')
+    system=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}')
+    [ -n "$name" ] && [ -n "$system" ] || continue
+    for link in "$fallback_lib"/*.so; do
+      [ "$(readlink -f "$link")" = "$(readlink -f "$so")" ] && ln -sf "$system" "$link"
+    done
+    rm -f "$fallback_lib/$name" "$so"
+  done
+  # Debian's update-alternatives makes these links at install time; dpkg-deb -x does not.
+  for t in mpirun mpiexec mpicc mpicxx mpic++; do ln -sf "$t.openmpi" "$usr/bin/$t"; done
+  # Fashion-MNIST where the tests and `mpiddp data` look for it.
+  if [ -d "$debs/fashion-mnist" ]; then
+    mkdir -p /usr/share/datasets && rm -rf /usr/share/datasets/fashion-mnist &&
+      cp -r "$debs/fashion-mnist" /usr/share/datasets/fashion-mnist
+  fi
+  run_check "deps: mpirun runs 2 ranks from the prefix" timeout 60 mpirun --oversubscribe -n 2 true
+fi
+
+torch_prefix=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# NCCL: the one PyTorch's wheel loads (nvidia-nccl-cu13), else the CUDA toolkit's.
+nccl_home=$($py -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(list(s.submodule_search_locations)[0] if s else "")' 2>/dev/null)
+nccl_lib=""
+for d in "$nccl_home/lib" /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
+  for n in libnccl.so libnccl.so.2; do [ -z "$nccl_lib" ] && [ -e "$d/$n" ] && nccl_lib=$d/$n; done
+done
+nccl_inc=""
+for d in "$nccl_home/include" /usr/local/cuda/include /usr/include; do
+  [ -z "$nccl_inc" ] && [ -f "$d/nccl.h" ] && nccl_inc=$d
+done
+say "torch $($py -c 'import torch; print(torch.__version__, torch.version.cuda)'); cmake prefix $torch_prefix"
+say "NCCL: $nccl_inc $nccl_lib"
+nvidia-smi -L || true
+
+if has build; then
+  say "build: $build"
+  run_check "build: configure" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$usr" -DCUDAToolkit_ROOT=/usr/local/cuda \
+    -DMPI_C_COMPILER="$usr/bin/mpicc.openmpi" -DMPI_CXX_COMPILER="$usr/bin/mpicxx.openmpi" \
+    -DHDF5_ROOT="$usr" -DHDF5_C_INCLUDE_DIR="$usr/include/hdf5/serial" \
+    -DHDF5_hdf5_LIBRARY_RELEASE="$lib/hdf5/serial/libhdf5.so" -DProtobuf_PROTOC_EXECUTABLE="$usr/bin/protoc" \
+    -DZLIB_ROOT="$prefix/fallback/usr" ${nccl_inc:+-DNCCL_INCLUDE_DIR="$nccl_inc"} \
+    ${nccl_lib:+-DNCCL_LIBRARY="$nccl_lib"} -DMPIDDP_WITH_NCCL=ON
+  run_check "build: compile" cmake --build "$build" -j "$(nproc)"
+fi
+mpiddp=$build/mpiddp
+[ -x "$mpiddp" ] || { result "build: $mpiddp exists" FAIL; exit 1; }
+
+if has tests; then
+  say "tests: ctest (MPIDDP_REQUIRE_GPU=1)"
+  ctest --test-dir "$build" --output-on-failure -j "${GPU_CTEST_JOBS:-$(( $(nproc) / 2 ))}" --timeout 1500 \
+    >"$out/tests.log" 2>&1
+  rc=$?
+  grep -E "tests passed|tests failed|\*\*\*Failed|Not Run|\*\*\*Skipped|Timeout" "$out/tests.log"
+  [ $rc -eq 0 ] && result "tests: whole suite" PASS "$(grep 'tests passed' "$out/tests.log")" ||
+    result "tests: whole suite" FAIL "$(grep 'tests passed\|tests failed' "$out/tests.log")"
+  # The GPU cases ran (not skipped) at 1 and 2 ranks.
+  for n in 1 2; do
+    mpirun --oversubscribe -n "$n" "$build/tests/test_comm_mpi" --gtest_filter='*mpi_cuda*:*nccl*' --gtest_brief=1 \
+      >"$logs/comm_gpu.np$n.log" 2>&1
+    run_check "tests: CUDA collectives, np$n (nccl at 1 rank; mpi staged or CUDA-aware)" grep -q "PASSED" "$logs/comm_gpu.np$n.log"
+    mpirun --oversubscribe -n "$n" "$build/tests/test_ddp_mpi" --gtest_filter='DdpCuda.*' >"$logs/ddp_gpu.np$n.log" 2>&1
+    run_check "tests: DDP on CUDA equals one process, np$n" grep -q "\[  PASSED  \] 2 tests" "$logs/ddp_gpu.np$n.log"
+  done
+fi
+
+data=$work/data
+mkdir -p "$data"
+[ -f "$data/fm-train.h5" ] || "$mpiddp" data fashion-mnist --out "$data/fm" >/dev/null
+
+if has cli; then
+  say "cli: info, bench"
+  for n in 1 2; do
+    mpirun --oversubscribe -n "$n" "$mpiddp" info >"$logs/info.np$n.txt" 2>&1
+    cat "$logs/info.np$n.txt"
+    run_check "info np$n: OK" [ "$(tail -n 1 "$logs/info.np$n.txt")" = OK ]
+    run_check "info np$n: a named GPU on every rank" [ "$(grep -c " GPU : .*GiB, compute" "$logs/info.np$n.txt")" -eq "$n" ]
+    run_check "info np$n: CUDA-aware MPI said" grep -q "CUDA-aware MPI: \(yes\|no\)" "$logs/info.np$n.txt"
+  done
+  mpirun --oversubscribe -n 1 "$mpiddp" bench --backend nccl -c 1 -b 8 -e 256M -f 4 --collective all \
+    --json "$logs/bench_nccl.json" >"$logs/bench_nccl.txt" 2>&1
+  cat "$logs/bench_nccl.txt"
+  run_check "bench --backend nccl -c 1, 1 rank: 0 wrong" grep -q "Out of bounds values : 0 OK" "$logs/bench_nccl.txt"
+  mpirun --oversubscribe -n 2 "$mpiddp" bench --backend mpi --device cuda -c 1 -b 8 -e 64M -f 8 --collective all \
+    >"$logs/bench_mpi_cuda.txt" 2>&1
+  cat "$logs/bench_mpi_cuda.txt"
+  run_check "bench --backend mpi --device cuda -c 1, 2 ranks on one GPU: 0 wrong" \
+    grep -q "Out of bounds values : 0 OK" "$logs/bench_mpi_cuda.txt"
+fi
+
+accuracy() { $py -c 'import json,sys; print([x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "epoch"][-1]["test_accuracy"])' "$1"; }
+at_least() { $py -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' "$1" "$2"; }
+
+if has train; then
+  say "train: Fashion-MNIST on the GPU"
+  m=$logs/train_cnn.jsonl
+  rm -f "$m"
+  mpirun --oversubscribe -n 1 "$mpiddp" train --device cuda --backend nccl --model cnn --data "$data/fm-train.h5" \
+    --test-data "$data/fm-test.h5" --epochs 4 --batch-size 64 --lr 0.002 --lr-schedule cosine --metrics "$m"
+  acc=$(accuracy "$m" 2>/dev/null || echo 0)
+  run_check "train cnn --device cuda --backend nccl: test accuracy $acc >= 0.90" at_least "$acc" 0.90
+  # Two ranks sharing the GPU through the mpi backend, snapshots, exact resume.
+  snap=$work/snap
+  rm -rf "$snap" "$snap-ref"
+  common=(train --device cuda --backend mpi --model cnn --data "$data/fm-train.h5" --epochs 2 --batch-size 64
+          --max-steps 120 --save-every-steps 40 --keep 0 --optimizer adam --lr 0.001)
+  mpirun --oversubscribe -n 2 "$mpiddp" "${common[@]}" --snapshot-dir "$snap-ref" >/dev/null
+  mkdir -p "$snap" && cp "$snap-ref/snapshot-step0000000040.h5" "$snap/"
+  mpirun --oversubscribe -n 2 "$mpiddp" "${common[@]}" --snapshot-dir "$snap" \
+    --resume "$snap/snapshot-step0000000040.h5" >/dev/null
+  run_check "train cuda np2 (mpi): resumed from step 40, final state bitwise equal (model, optimizer, RNG)" \
+    bash -c 'for g in /model /optimizer /rng; do h5diff -q "$1" "$2" $g $g || exit 1; done' _ \
+    "$snap-ref/latest.h5" "$snap/latest.h5"
+  # A TorchScript model and mixed precision.
+  $py bench/python_ddp.py --model cnn --save-script "$work/cnn.pt" --seed 0
+  m=$logs/train_script.jsonl
+  rm -f "$m"
+  mpirun --oversubscribe -n 1 "$mpiddp" train --device cuda --backend nccl --model "$work/cnn.pt" \
+    --data "$data/fm-train.h5" --test-data "$data/fm-test.h5" --epochs 2 --batch-size 64 --lr 0.001 --metrics "$m"
+  acc=$(accuracy "$m" 2>/dev/null || echo 0)
+  run_check "train TorchScript cnn on cuda: test accuracy $acc >= 0.88" at_least "$acc" 0.88
+  for p in bf16 fp16; do
+    m=$logs/train_$p.jsonl
+    rm -f "$m"
+    mpirun --oversubscribe -n 1 "$mpiddp" train --device cuda --backend nccl --model cnn --precision "$p" \
+      --data "$data/fm-train.h5" --test-data "$data/fm-test.h5" --epochs 2 --batch-size 64 --lr 0.002 --metrics "$m"
+    acc=$(accuracy "$m" 2>/dev/null || echo 0)
+    run_check "train cnn --precision $p on cuda: test accuracy $acc >= 0.88" at_least "$acc" 0.88
+  done
+fi
+
+if has figures; then
+  say "figures: $rounds round(s)"
+  fig=$out/figures.jsonl
+  : >"$fig"
+  $py bench/python_ddp.py --model mlp_wide --save-script "$work/mlp_wide.pt" --seed 0
+  $py bench/python_ddp.py --model resnet18 --save-script "$work/resnet18.pt" --seed 0
+  for r in $(seq 1 "$rounds"); do
+    for model in cnn mlp_wide resnet18; do
+      case $model in
+        cnn) mm=cnn batch=64 ;;
+        mlp_wide) mm=$work/mlp_wide.pt batch=256 ;;
+        resnet18) mm=$work/resnet18.pt batch=128 ;;
+      esac
+      m=$logs/fig.mpiddp.$model.$r.jsonl
+      rm -f "$m"
+      mpirun --oversubscribe -n 1 "$mpiddp" train --device cuda --backend nccl --model "$mm" \
+        --data "$data/fm-train.h5" --epochs 2 --batch-size "$batch" --lr 0.001 --optimizer adam --metrics "$m" >/dev/null
+      $py -c 'import json,sys; r=[x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "epoch"][-1]; print(json.dumps({"round": int(sys.argv[2]), "model": sys.argv[3], "who": "mpiddp", "samples_per_s": r["samples_per_s"]}))' \
+        "$m" "$r" "$model" >>"$fig" || result "figures: mpiddp $model round $r" FAIL
+      m=$logs/fig.python.$model.$r.jsonl
+      mpirun --oversubscribe -n 1 -x MASTER_PORT=2955$r $py bench/python_ddp.py --device cuda --backend nccl \
+        --model "$model" --data "$data/fm-train.h5" --epochs 2 --batch-size "$batch" --lr 0.001 --optimizer adam >"$m"
+      $py -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({"round": int(sys.argv[2]), "model": sys.argv[3], "who": "python", "samples_per_s": r["samples_per_s"]}))' \
+        "$m" "$r" "$model" >>"$fig" || result "figures: python $model round $r" FAIL
+    done
+    for model in cnn mlp; do
+      mpirun --oversubscribe -n 1 "$build/bench/mpiddp_ddp_bench" --model "$model" --device cuda --backend nccl \
+        --steps 50 --rounds 6 --warmup 10 --batch 64 | sed "s/^{/{\"round\": $r, \"who\": \"ddp_bench\", /" >>"$fig"
+    done
+  done
+  $py - "$fig" <<'PY' | tee "$out/figures.md"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("| model | mpiddp samples/s (median, range) | Python DDP samples/s | mpiddp / Python (rounds) |")
+print("|---|---|---|---|")
+for model in ["cnn", "mlp_wide", "resnet18"]:
+    m = {r["round"]: r["samples_per_s"] for r in rows if r.get("who") == "mpiddp" and r["model"] == model}
+    p = {r["round"]: r["samples_per_s"] for r in rows if r.get("who") == "python" and r["model"] == model}
+    if not m or not p:
+        continue
+    ratios = sorted(m[k] / p[k] for k in m if k in p)
+    print(f"| {model} | {statistics.median(m.values()):.0f} ({min(m.values()):.0f}-{max(m.values()):.0f}) | "
+          f"{statistics.median(p.values()):.0f} ({min(p.values()):.0f}-{max(p.values()):.0f}) | "
+          f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)}) |")
+print()
+for model in ["cnn", "mlp"]:
+    d = [r for r in rows if r.get("who") == "ddp_bench" and r["model"] == model]
+    over = sorted(100 * (a / b - 1) for r in d for a, b in zip(r["ddp_ms"], r["local_ms"]))
+    if over:
+        print(f"DDP overhead, {model}: median {statistics.median(over):+.1f}% over the same steps without communication "
+              f"(quartiles {over[len(over) // 4]:+.1f}% .. {over[3 * len(over) // 4]:+.1f}%, {len(over)} blocks)")
+PY
+fi
+
+tar czf "$out/logs.tgz" -C "$work" logs
+say "summary"
+cat "$summary"
+echo "$failures check(s) failed"
+[ "$failures" -eq 0 ]
