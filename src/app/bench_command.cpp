@@ -337,9 +337,10 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
   }
 
   const std::string type = dtype_name(cfg.dtype);
+  const char* where = cfg.device.is_cuda() ? "cuda" : "cpu";
   std::ostringstream out;
   out << "# mpiddp bench: backend " << cfg.backend << ", " << runtime.size() << " rank(s) on " << runtime.node_count()
-      << " node(s), dtype " << type << ", device " << (cfg.device.is_cuda() ? "cuda" : "cpu") << ", warmup "
+      << " node(s), dtype " << type << ", device " << where << ", warmup "
       << cfg.warmup << ", iters " << cfg.iters << ", check " << (cfg.check ? 1 : 0) << "\n";
   print_rank0(runtime, out.str());
 
@@ -396,7 +397,7 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
   print_rank0(runtime, footer.str());
   if (runtime.rank() == 0 && !cfg.json_path.empty()) {
     json doc = {{"backend", cfg.backend}, {"world_size", runtime.size()}, {"node_count", runtime.node_count()},
-                {"dtype", type}, {"device", cfg.device.is_cuda() ? "cuda" : "cpu"}, {"op", to_string(cfg.op)},
+                {"dtype", type}, {"device", where}, {"op", to_string(cfg.op)},
                 {"warmup_iters", cfg.warmup}, {"iters", cfg.iters}, {"check", cfg.check}, {"results", results}, {"avg_busbw_gbps", avg_busbw},
                 {"wrong", wrong_total}, {"result", wrong_total == 0 ? "OK" : "FAILED"}};
     std::ofstream j(cfg.json_path);

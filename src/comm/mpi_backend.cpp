@@ -96,7 +96,7 @@ class MpiProcessGroup : public ProcessGroup {
 
   WorkHandle launch(const Call& c) override {
     if (c.kind != Collective::kBarrier &&
-        (options().stage_through_host || (c.input.is_cuda() && !(cuda_aware_ && !reduces(c.kind))))) {
+        (options().stage_through_host || (c.input.is_cuda() && (!cuda_aware_ || reduces(c.kind))))) {
       return launch_staged(c);
     }
     return launch_host(c, {}, nullptr);

@@ -57,11 +57,7 @@ int64_t count_wrong(const torch::Tensor& got, const std::vector<double>& expecte
   return wrong;
 }
 
-mpiddp::ProcessGroup& group(const std::string& backend) {
-  if (backend != "mpi_staged") return mpiddp::testing::checked_group(backend);
-  // The mpi group's host staging (CUDA tensors without CUDA-aware MPI), run on CPU tensors.
-  return mpiddp::testing::checked_group("mpi", backend, [](mpiddp::CommOptions& o) { o.stage_through_host = true; });
-}
+mpiddp::ProcessGroup& group(const std::string& backend) { return mpiddp::testing::checked_group(backend); }
 
 // Runs one collective; returns the number of wrong elements on this rank.
 int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtype, ReduceOp op, bool in_place,

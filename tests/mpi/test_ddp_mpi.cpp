@@ -108,12 +108,7 @@ double max_rel_error(torch::nn::Module& a, torch::nn::Module& b) {
   return worst;
 }
 
-// "mpi_staged": the mpi group copying every tensor through host memory, as it does for CUDA
-// tensors without CUDA-aware MPI.
-mpiddp::ProcessGroup& group(const std::string& backend) {
-  if (backend != "mpi_staged") return mpiddp::testing::checked_group(backend);
-  return mpiddp::testing::checked_group("mpi", backend, [](mpiddp::CommOptions& o) { o.stage_through_host = true; });
-}
+mpiddp::ProcessGroup& group(const std::string& backend) { return mpiddp::testing::checked_group(backend); }
 
 struct RunSpec {
   std::string backend = "mpi";
@@ -218,13 +213,20 @@ TEST(Ddp, MlpMatchesSingleProcessOnEveryBackend) {
   }
 }
 
+// TF32 would round the models' matrix products and convolutions to 10 bits: compare float32
+// with float32.
+namespace {
+void float32_on_gpu() {
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+}  // namespace
+
 // On the GPU: parameters, gradients and buckets on CUDA, through nccl (one GPU per rank) and the
 // mpi group (ranks may share a GPU; CUDA-aware MPI or staged through the host).
 TEST(DdpCuda, MlpMatchesSingleProcess) {
   MPIDDP_SKIP_WITHOUT_GPU();
-  // TF32 would round the models' matrix products to 10 bits: compare float32 with float32.
-  at::globalContext().setAllowTF32CuBLAS(false);
-  at::globalContext().setAllowTF32CuDNN(false);
+  float32_on_gpu();
   std::vector<std::string> backends = {"mpi"};
   const bool gpu_per_rank = on_all_ranks(runtime().local_size() <= runtime().visible_gpus());
   const auto built = mpiddp::available_backends();
@@ -241,8 +243,7 @@ TEST(DdpCuda, MlpMatchesSingleProcess) {
 
 TEST(DdpCuda, CnnWithAdamMatchesSingleProcess) {
   MPIDDP_SKIP_WITHOUT_GPU();
-  at::globalContext().setAllowTF32CuBLAS(false);
-  at::globalContext().setAllowTF32CuDNN(false);
+  float32_on_gpu();
   RunSpec spec;
   spec.images = true;
   spec.adam = true;

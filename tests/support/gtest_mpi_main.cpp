@@ -48,15 +48,15 @@ class RankReporter : public ::testing::EmptyTestEventListener {
 
 Runtime& runtime() { return *g_runtime; }
 
-ProcessGroup& checked_group(const std::string& backend, const std::string& key,
-                            const std::function<void(CommOptions&)>& adjust) {
-  auto& g = g_groups[key.empty() ? backend : key];
+ProcessGroup& checked_group(const std::string& backend) {
+  auto& g = g_groups[backend];
   if (!g) {
     CommOptions o;
     o.check_collectives = true;
     o.timeout = std::chrono::seconds(120);
-    if (adjust) adjust(o);
-    g = make_process_group(backend, *g_runtime, o);
+    const bool staged = backend == "mpi_staged";
+    o.stage_through_host = staged;
+    g = make_process_group(staged ? "mpi" : backend, *g_runtime, o);
   }
   return *g;
 }

@@ -9,7 +9,6 @@
 #include <torch/cuda.h>
 
 #include <cstdlib>
-#include <functional>
 #include <string>
 
 namespace mpiddp::testing {
@@ -18,10 +17,10 @@ namespace mpiddp::testing {
 Runtime& runtime();
 
 /// A process group of `backend` in check mode (timeout 120 s), created on first use and kept until
-/// the run ends (collective: every rank must ask for the same backends in the same order). A
-/// non-empty `key` names a second group of the backend whose options `adjust` changes.
-ProcessGroup& checked_group(const std::string& backend, const std::string& key = "",
-                            const std::function<void(CommOptions&)>& adjust = nullptr);
+/// the run ends (collective: every rank must ask for the same backends in the same order).
+/// "mpi_staged" is the mpi group copying every tensor through host memory
+/// (CommOptions::stage_through_host), the path CUDA tensors take without CUDA-aware MPI.
+ProcessGroup& checked_group(const std::string& backend);
 
 /// True on every rank iff `local` is true on every rank.
 inline bool on_all_ranks(bool local) { return all_ok(runtime().world(), local); }
