@@ -8,6 +8,7 @@
 // issued) instead of hanging, and a timeout can name the ranks that have not arrived.
 #pragma once
 
+#include <mpiddp/collective.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>
 
@@ -23,9 +24,6 @@ namespace mpiddp {
 namespace detail {
 class StallMonitor;
 }
-
-enum class ReduceOp { kSum, kAvg, kMin, kMax };
-enum class Collective { kAllreduce, kBroadcast, kAllgather, kReduceScatter, kAlltoall, kBarrier };
 
 std::string to_string(ReduceOp op);
 std::string to_string(Collective c);

@@ -29,6 +29,13 @@
 #include <vector>
 
 namespace mpiddp {
+namespace detail {
+struct RunPosition;
+struct RunLogs;
+class BatchSource;
+class StepAgreement;
+class Update;
+}  // namespace detail
 
 /// Where a step stands, for learning-rate schedules.
 struct StepInfo {
@@ -47,7 +54,11 @@ LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps);
 
 /// loss(outputs, targets) -> scalar, the mean over the batch.
 using LossFn = std::function<torch::Tensor(const torch::Tensor& outputs, const torch::Tensor& targets)>;
-/// Cross-entropy for class labels, mean squared error for regression targets.
+/// torch's cross_entropy over class labels.
+LossFn cross_entropy_loss();
+/// Mean squared error, the targets cast to the outputs' dtype.
+LossFn mse_loss();
+/// cross_entropy_loss() for class labels, mse_loss() for regression targets.
 LossFn default_loss(const DatasetInfo& data);
 
 struct TrainerOptions {
@@ -104,6 +115,11 @@ struct TrainerOptions {
   bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
   std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
   DdpOptions ddp;
+
+  /// Throws mpiddp::Error (one line) for an option outside its range, naming the field as `name`
+  /// spells it (nullptr: "TrainerOptions::<field>"; the CLI passes its flags' names). On rank 0 a
+  /// resume file must exist (only rank 0 reads it). The Trainer's constructor calls it.
+  void validate(const std::function<std::string(const std::string& field)>& name = nullptr, int rank = 0) const;
 };
 
 struct EpochMetrics {
@@ -154,14 +170,22 @@ class Trainer {
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
 
  private:
-  struct Progress;
-  struct Logs;  // rank 0's metrics file and TensorBoard writer
   std::string fingerprint() const;
-  std::optional<Progress> restore(const std::function<void(const std::string&)>& note, std::string* from);
-  std::string save(const Progress& p);
+  std::optional<detail::RunPosition> restore(const std::function<void(const std::string&)>& note, std::string* from);
+  std::string save(const detail::RunPosition& p);
+  /// One forward on two samples (evaluation mode, no gradient): the model takes the set's inputs
+  /// and its outputs fit the targets. Local.
+  void check_model_fits_data();
   std::pair<double, double> evaluate();
   torch::Tensor forward(const torch::Tensor& inputs);  ///< under autocast when options say, float32 out
   void set_lr(const StepInfo& at);
+  double current_lr() const;
+  double micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
+                     detail::StepAgreement& agreement, const detail::Update& update);
+  void skip_step(const detail::RunPosition& p, int bad_rank, const std::function<void(const std::string&)>& note);
+  EpochMetrics finish_epoch(const detail::RunPosition& p, const detail::RunPosition& epoch_start,
+                            double loss_scale, detail::BatchSource& batches);
+  std::vector<std::string> rank_lines(const detail::RunPosition& p) const;
 
   const Runtime& runtime_;
   ProcessGroup& pg_;
@@ -171,7 +195,7 @@ class Trainer {
   std::unique_ptr<H5Dataset> train_, test_;
   std::vector<double> base_lrs_;  ///< each parameter group's learning rate when the Trainer was made
   int64_t steps_per_epoch_ = 0;
-  std::unique_ptr<Logs> logs_;
+  std::unique_ptr<detail::RunLogs> logs_;  ///< rank 0's metrics file and TensorBoard writer
 };
 
 /// The model's parameters (for building an optimizer).

@@ -48,17 +48,7 @@ int64_t parse_size(const std::string& text) {
   return value * scale;
 }
 
-double bus_factor(Collective c, int n) {
-  switch (c) {
-    case Collective::kAllreduce: return 2.0 * (n - 1) / n;
-    case Collective::kAllgather:
-    case Collective::kReduceScatter:
-    case Collective::kAlltoall: return static_cast<double>(n - 1) / n;
-    case Collective::kBroadcast:
-    case Collective::kBarrier: return 1.0;
-  }
-  return 1.0;
-}
+double bus_factor(Collective c, int n) { return traits(c).bus_factor(n); }
 
 double algbw_gbps(int64_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
 
@@ -66,8 +56,7 @@ std::vector<SizePoint> sweep(Collective c, int64_t min_bytes, int64_t max_bytes,
                              int n) {
   MPIDDP_CHECK(min_bytes > 0 && max_bytes >= min_bytes, "need 0 < minbytes <= maxbytes");
   MPIDDP_CHECK(factor > 1.0, "stepfactor must be > 1");
-  const bool split = c == Collective::kAllgather || c == Collective::kReduceScatter || c == Collective::kAlltoall;
-  const int64_t granule = split ? static_cast<int64_t>(n) : 1;
+  const int64_t granule = traits(c).splits() ? static_cast<int64_t>(n) : 1;
   std::vector<SizePoint> points;
   for (double s = static_cast<double>(min_bytes); s <= static_cast<double>(max_bytes) * (1 + 1e-12); s *= factor) {
     const int64_t elements = static_cast<int64_t>(s) / element_size / granule * granule;
@@ -112,8 +101,6 @@ struct Measurement {
   int64_t wrong = -1;  // -1: not checked
 };
 
-bool reduces(Collective c) { return c == Collective::kAllreduce || c == Collective::kReduceScatter; }
-
 // Reference data: rank r's element at global index i is (i + 3r) % 5 + 1, small integers that every
 // dtype holds exactly, as do their sums over any rank count this tool runs at.
 torch::Tensor pattern(int r, int64_t first, int64_t count) {
@@ -140,12 +127,12 @@ Buffers make_buffers(Collective c, int64_t count, const BenchConfig& cfg, bool i
   const int64_t part = count / n;
   const auto opts = torch::TensorOptions().dtype(cfg.dtype).device(cfg.device);
   Buffers b;
-  switch (c) {
-    case Collective::kAllgather:
+  switch (traits(c).counts) {
+    case CountRule::kGather:
       b.out = torch::zeros({count}, opts);
       b.in = in_place ? b.out.narrow(0, rank * part, part) : torch::zeros({part}, opts);
       break;
-    case Collective::kReduceScatter:
+    case CountRule::kScatter:
       b.in = torch::zeros({count}, opts);
       b.out = in_place ? b.in.narrow(0, rank * part, part) : torch::zeros({part}, opts);
       break;
@@ -194,7 +181,7 @@ int64_t count_wrong(ProcessGroup& pg, const BenchConfig& cfg, Collective c, cons
     case Collective::kBarrier: return 0;
   }
   // Averages are not integers: allow one rounding of the output dtype.
-  const double tol = cfg.op == ReduceOp::kAvg && reduces(c)
+  const double tol = cfg.op == ReduceOp::kAvg && traits(c).reduces
                          ? (cfg.dtype == c10::kBFloat16 ? 1e-2 : cfg.dtype == c10::kHalf ? 1e-3 : 1e-6)
                          : 0.0;
   auto diff = (b.out.to(torch::kCPU).to(torch::kDouble) - expected).abs();
@@ -285,11 +272,13 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
   auto validate = [&] {
     parse_options(options, args);
     if (collective == "all") {
-      cfg.collectives = {Collective::kAllreduce, Collective::kAllgather, Collective::kReduceScatter,
-                         Collective::kBroadcast, Collective::kAlltoall};
+      cfg.collectives.clear();
+      for (const auto& t : collectives()) {
+        if (t.has_data()) cfg.collectives.push_back(t.kind);
+      }
     } else {
       cfg.collectives = {parse_collective(collective)};
-      MPIDDP_CHECK(cfg.collectives[0] != Collective::kBarrier, "bench measures data collectives, not barrier");
+      MPIDDP_CHECK(traits(cfg.collectives[0]).has_data(), "bench measures data collectives, not barrier");
     }
     cfg.min_bytes = bench::parse_size(minbytes);
     cfg.max_bytes = bench::parse_size(maxbytes);
@@ -356,8 +345,9 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
   int rows = 0;
   int64_t wrong_total = 0;
   for (Collective c : cfg.collectives) {
-    const std::string redop = reduces(c) ? to_string(cfg.op) : "none";
-    const int root = c == Collective::kBroadcast ? cfg.root : -1;
+    const auto& t = traits(c);
+    const std::string redop = t.reduces ? to_string(cfg.op) : "none";
+    const int root = t.rooted ? cfg.root : -1;
     std::ostringstream table;
     table << "#\n# collective " << to_string(c) << "\n"
           << "#                                                    out-of-place                          in-place\n"
@@ -366,7 +356,7 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
     print_rank0(runtime, table.str());
     if (!pg->supports(c, cfg.dtype, cfg.op)) {
       print_rank0(runtime, "# " + cfg.backend + " does not support " + to_string(c) + " of " + type +
-                               (reduces(c) ? " with " + redop : std::string()) + ": skipped\n");
+                               (t.reduces ? " with " + redop : std::string()) + ": skipped\n");
       continue;
     }
     for (const auto& size : bench::sweep(c, cfg.min_bytes, cfg.max_bytes, cfg.factor,

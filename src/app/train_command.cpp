@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -32,12 +33,22 @@ struct TrainConfig {
   TrainerOptions t;
 };
 
-void check_config(const Runtime& runtime, const TrainConfig& c) {
-  const auto& t = c.t;
-  MPIDDP_CHECK(t.epochs > 0, "--epochs must be > 0, got " + std::to_string(t.epochs));
-  MPIDDP_CHECK(t.batch_size > 0, "--batch-size must be > 0, got " + std::to_string(t.batch_size));
+// The flag that sets each TrainerOptions field: the library owns the rules (validate()), the CLI
+// only names them.
+std::string flag_of(const std::string& field) {
+  static const std::map<std::string, std::string> kFlags = {
+      {"data", "--data"}, {"epochs", "--epochs"}, {"batch_size", "--batch-size"}, {"max_steps", "--max-steps"},
+      {"log_every_steps", "--log-every"}, {"log_every_seconds", "--log-every"}, {"log_min_gap_seconds", "--log-every"},
+      {"clip_grad_norm", "--clip-grad-norm"}, {"precision", "--precision"}, {"loss_scaling.init_scale", "--loss-scale"},
+      {"save_every", "--save-every"}, {"save_every_steps", "--save-every-steps"}, {"keep", "--keep"},
+      {"cache_bytes", "--cache-mb"}, {"prefetch_batches", "--prefetch"}, {"resume", "--resume"}};
+  const auto it = kFlags.find(field);
+  return it == kFlags.end() ? "TrainerOptions::" + field : it->second;
+}
+
+// The flags that are the CLI's own (not TrainerOptions fields): their rules live here.
+void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be > 0, got " + std::to_string(c.lr));
-  MPIDDP_CHECK(t.max_steps >= 0, "--max-steps must be >= 0");
   MPIDDP_CHECK(c.momentum >= 0 && c.weight_decay >= 0, "--momentum and --weight-decay must be >= 0");
   MPIDDP_CHECK(c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw",
                "unknown --optimizer '" + c.optimizer + "' (sgd, adam, adamw)");
@@ -58,28 +69,12 @@ void check_config(const Runtime& runtime, const TrainConfig& c) {
   // mpi takes either device (CUDA tensors: CUDA-aware MPI, else staged through the host).
   MPIDDP_CHECK(c.backend != "nccl" || c.device == "cuda", "--backend nccl goes with --device cuda");
   MPIDDP_CHECK(c.backend != "gloo" || c.device == "cpu", "--backend gloo goes with --device cpu");
-  MPIDDP_CHECK(!t.data.empty(), "--data is required");
-  MPIDDP_CHECK(t.save_every >= 0 && t.save_every_steps >= 0, "--save-every and --save-every-steps must be >= 0");
-  MPIDDP_CHECK(t.keep >= 0, "--keep must be >= 0");
   MPIDDP_CHECK(c.on_nan == "stop" || c.on_nan == "skip", "unknown --on-nan '" + c.on_nan + "' (stop, skip)");
   MPIDDP_CHECK(std::regex_match(c.log_every, std::regex(R"(auto|[0-9]+|[0-9]+(\.[0-9]+)?s)")),
                "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '" + c.log_every + "'");
-  MPIDDP_CHECK(t.clip_grad_norm >= 0 && std::isfinite(t.clip_grad_norm),
-               "--clip-grad-norm must be >= 0 (0: no clipping), got " + std::to_string(t.clip_grad_norm));
-  MPIDDP_CHECK(!t.resume.empty(), "--resume takes auto, never or a snapshot file");
-  if (t.resume != "auto" && t.resume != "never" && runtime.rank() == 0) {
-    MPIDDP_CHECK(std::filesystem::exists(t.resume), "--resume: snapshot '" + t.resume + "' does not exist");
-  }
   MPIDDP_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0, "--bucket-cap-mb and --first-bucket-cap-mb must be > 0");
   MPIDDP_CHECK(c.compression == "none" || c.compression == "bf16" || c.compression == "fp16",
                "unknown --compression '" + c.compression + "' (none, bf16, fp16)");
-  MPIDDP_CHECK(c.cache_mb >= 0, "--cache-mb must be >= 0");
-  MPIDDP_CHECK(t.prefetch_batches >= 0, "--prefetch must be >= 0 (0: no reader thread), got " +
-                                            std::to_string(t.prefetch_batches));
-  MPIDDP_CHECK(c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
-               "unknown --precision '" + c.precision + "' (fp32, bf16, fp16)");
-  MPIDDP_CHECK(t.loss_scaling.init_scale > 0 && std::isfinite(t.loss_scaling.init_scale),
-               "--loss-scale must be > 0, got " + std::to_string(t.loss_scaling.init_scale));
 }
 
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const Model& model) {
@@ -181,7 +176,7 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     t.shuffle = vm.count("no-shuffle") == 0;
     t.drop_last = vm.count("drop-last") > 0;
     if (vm["lr"].defaulted()) c.lr = c.optimizer == "sgd" ? 0.01 : 0.001;
-    check_config(runtime, c);
+    check_cli_flags(runtime, c);
     t.ddp.bucket_cap_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
     t.ddp.first_bucket_cap_bytes = static_cast<int64_t>(c.first_bucket_mb * (1 << 20));
     if (c.compression == "bf16") t.ddp.compression = c10::kBFloat16;
@@ -201,15 +196,13 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     if (c.schedule == "step") schedule = step_lr(c.step_size, c.gamma);
     if (c.schedule == "cosine") schedule = cosine_lr();
     t.lr_schedule = c.warmup_steps > 0 ? with_warmup(schedule, c.warmup_steps) : schedule;
-    if (c.loss == "cross-entropy") {
-      t.loss = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); };
-    } else if (c.loss == "mse") {
-      t.loss = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y.to(out.scalar_type())); };
-    }
+    if (c.loss == "cross-entropy") t.loss = cross_entropy_loss();
+    if (c.loss == "mse") t.loss = mse_loss();
     // Never oversubscribe: the cores of this node shared among its ranks.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads = c.threads > 0 ? c.threads : std::max(1, cores / runtime.local_size());
     t.run_config = config_json(c, threads, runtime.size());
+    t.validate(flag_of, runtime.rank());
   };
   if (auto code = agree_on_local_phase(runtime, "train", parse)) return *code;
   if (vm.count("help")) {

@@ -95,19 +95,17 @@ class MpiProcessGroup : public ProcessGroup {
   }
 
   WorkHandle launch(const Call& c) override {
-    if (c.kind != Collective::kBarrier &&
-        (options().stage_through_host || (c.input.is_cuda() && (!cuda_aware_ || reduces(c.kind))))) {
+    // Reductions run their operator on the host (ours for bf16/fp16; Open MPI's non-blocking
+    // collectives do not stage device buffers for it), so they are staged even where MPI is
+    // CUDA-aware; data movement alone goes to a CUDA-aware MPI directly.
+    const auto& t = traits(c.kind);
+    if (t.has_data() && (options().stage_through_host || (c.input.is_cuda() && (!cuda_aware_ || t.reduces)))) {
       return launch_staged(c);
     }
     return launch_host(c, {}, nullptr);
   }
 
  private:
-  // Reductions run their operator on the host (ours for bf16/fp16; Open MPI's non-blocking
-  // collectives do not stage device buffers for it), so they are staged even where MPI is
-  // CUDA-aware; data movement alone goes to a CUDA-aware MPI directly.
-  static bool reduces(Collective k) { return k == Collective::kAllreduce || k == Collective::kReduceScatter; }
-
   // Without a CUDA-aware MPI a CUDA tensor travels through host memory: the input is copied out
   // before the collective starts (the copy waits for the kernels that wrote it) and the result
   // copied back when it completes. The host call is always out of place, whatever the caller's

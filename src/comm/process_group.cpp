@@ -26,10 +26,6 @@ namespace {
 
 const std::vector<std::pair<ReduceOp, std::string>> kOpNames = {
     {ReduceOp::kSum, "sum"}, {ReduceOp::kAvg, "avg"}, {ReduceOp::kMin, "min"}, {ReduceOp::kMax, "max"}};
-const std::vector<std::pair<Collective, std::string>> kCollectiveNames = {
-    {Collective::kAllreduce, "allreduce"},         {Collective::kBroadcast, "broadcast"},
-    {Collective::kAllgather, "allgather"},         {Collective::kReduceScatter, "reduce_scatter"},
-    {Collective::kAlltoall, "alltoall"},           {Collective::kBarrier, "barrier"}};
 const std::vector<std::pair<c10::ScalarType, std::string>> kDtypeNames = {
     {c10::kFloat, "float32"}, {c10::kDouble, "float64"}, {c10::kBFloat16, "bfloat16"},
     {c10::kHalf, "float16"},  {c10::kInt, "int32"},      {c10::kLong, "int64"}};
@@ -55,9 +51,13 @@ E parse_name(const std::vector<std::pair<E, std::string>>& table, const std::str
 }  // namespace
 
 std::string to_string(ReduceOp op) { return name_of(kOpNames, op); }
-std::string to_string(Collective c) { return name_of(kCollectiveNames, c); }
+std::string to_string(Collective c) { return traits(c).name; }
 ReduceOp parse_reduce_op(const std::string& name) { return parse_name(kOpNames, name, "reduction op"); }
-Collective parse_collective(const std::string& name) { return parse_name(kCollectiveNames, name, "collective"); }
+Collective parse_collective(const std::string& name) {
+  std::vector<std::pair<Collective, std::string>> names;
+  for (const auto& t : collectives()) names.emplace_back(t.kind, t.name);
+  return parse_name(names, name, "collective");
+}
 c10::ScalarType parse_dtype(const std::string& name) { return parse_name(kDtypeNames, name, "dtype"); }
 std::string dtype_name(c10::ScalarType t) {
   std::string n = name_of(kDtypeNames, t);
@@ -216,12 +216,12 @@ struct Descriptor {
     std::ostringstream s;
     const auto k = static_cast<Collective>(kind);
     s << to_string(k);
-    if (k == Collective::kBarrier) return s.str();
+    if (!traits(k).has_data()) return s.str();
     s << "(" << dtype_name(static_cast<c10::ScalarType>(dtype)) << "[";
     for (int i = 0; i < std::min(ndim, kMaxDims); ++i) s << (i ? "," : "") << shape[i];
     s << "]";
-    if (k == Collective::kAllreduce || k == Collective::kReduceScatter) s << ", " << to_string(static_cast<ReduceOp>(op));
-    if (k == Collective::kBroadcast) s << ", root " << root;
+    if (traits(k).reduces) s << ", " << to_string(static_cast<ReduceOp>(op));
+    if (traits(k).rooted) s << ", root " << root;
     s << ")";
     return s.str();
   }
@@ -231,9 +231,10 @@ Descriptor describe(const ProcessGroup::Call& c) {
   Descriptor d{};
   d.seq = c.seq;
   d.kind = static_cast<int32_t>(c.kind);
-  d.op = c.kind == Collective::kAllreduce || c.kind == Collective::kReduceScatter ? static_cast<int32_t>(c.op) : 0;
-  d.root = c.kind == Collective::kBroadcast ? c.root : 0;
-  if (c.kind != Collective::kBarrier) {
+  const auto& t = traits(c.kind);
+  d.op = t.reduces ? static_cast<int32_t>(c.op) : 0;
+  d.root = t.rooted ? c.root : 0;
+  if (t.has_data()) {
     d.dtype = static_cast<int32_t>(c.input.scalar_type());
     d.ndim = static_cast<int32_t>(c.input.dim());
     for (int i = 0; i < std::min(d.ndim, kMaxDims); ++i) d.shape[i] = c.input.size(i);
@@ -402,16 +403,16 @@ ProcessGroup::~ProcessGroup() {
 }
 
 bool ProcessGroup::supports(Collective c, c10::ScalarType dtype, ReduceOp op) const {
-  if (c == Collective::kBarrier) return true;
+  if (!traits(c).has_data()) return true;
   if (!is_supported_dtype(dtype)) return false;
-  const bool reduces = c == Collective::kAllreduce || c == Collective::kReduceScatter;
   // An average of integers is not an integer; PyTorch's NCCL and Gloo refuse it as well.
-  return !(reduces && op == ReduceOp::kAvg && !c10::isFloatingType(dtype));
+  return !(traits(c).reduces && op == ReduceOp::kAvg && !c10::isFloatingType(dtype));
 }
 
 void ProcessGroup::validate(const Call& c) const {
-  if (c.kind == Collective::kBarrier) return;
-  const std::string what = to_string(c.kind);
+  const auto& t = traits(c.kind);
+  if (!t.has_data()) return;
+  const std::string what = t.name;
   MPIDDP_CHECK(c.input.defined() && c.output.defined(), what + ": undefined tensor");
   const auto dtype = c.input.scalar_type();
   MPIDDP_CHECK(is_supported_dtype(dtype), what + ": unsupported dtype " + dtype_name(dtype) +
@@ -425,31 +426,29 @@ void ProcessGroup::validate(const Call& c) const {
   check_device(c.input.device(), what);
   MPIDDP_CHECK(supports(c.kind, dtype, c.op),
                backend() + " does not support " + what + " of " + dtype_name(dtype) +
-                   (c.kind == Collective::kAllreduce || c.kind == Collective::kReduceScatter ? " with " + to_string(c.op)
-                                                                                              : std::string()));
+                   (t.reduces ? " with " + to_string(c.op) : std::string()));
   const int64_t n = size_, in = c.input.numel(), out = c.output.numel();
-  switch (c.kind) {
-    case Collective::kAllreduce:
-    case Collective::kBroadcast:
+  switch (t.counts) {
+    case CountRule::kSame:
       MPIDDP_CHECK(in == out, what + ": input has " + std::to_string(in) + " elements but output " + std::to_string(out));
       break;
-    case Collective::kAllgather:
+    case CountRule::kGather:
       MPIDDP_CHECK(out == in * n, what + ": output needs world size x input = " + std::to_string(in * n) +
                                       " elements, has " + std::to_string(out));
       break;
-    case Collective::kReduceScatter:
+    case CountRule::kScatter:
       MPIDDP_CHECK(in == out * n, what + ": input needs world size x output = " + std::to_string(out * n) +
                                       " elements, has " + std::to_string(in));
       break;
-    case Collective::kAlltoall:
+    case CountRule::kExchange:
       MPIDDP_CHECK(in == out && in % n == 0, what + ": input and output need the same element count, divisible by "
                                                     "the world size " + std::to_string(n) + "; got " +
                                                     std::to_string(in) + " and " + std::to_string(out));
       break;
-    case Collective::kBarrier:
+    case CountRule::kNone:
       break;
   }
-  MPIDDP_CHECK(c.kind != Collective::kBroadcast || (c.root >= 0 && c.root < size_),
+  MPIDDP_CHECK(!t.rooted || (c.root >= 0 && c.root < size_),
                what + ": root " + std::to_string(c.root) + " outside a world of " + std::to_string(size_));
 }
 
@@ -496,8 +495,7 @@ class AveragingWork : public Work {
 }  // namespace
 
 WorkHandle ProcessGroup::start(const Call& call) {
-  const bool reduces = call.kind == Collective::kAllreduce || call.kind == Collective::kReduceScatter;
-  if (!reduces || call.op != ReduceOp::kAvg || averages_natively()) return launch(call);
+  if (!traits(call.kind).reduces || call.op != ReduceOp::kAvg || averages_natively()) return launch(call);
   return std::make_unique<AveragingWork>(launch(call), call.output, size_);
 }
 
@@ -505,17 +503,19 @@ WorkHandle ProcessGroup::issue(Call call) {
   validate(call);
   call.seq = ++seq_;
   call.stall = stall_;
-  if (call.kind != Collective::kBarrier) {
-    switch (call.kind) {
-      case Collective::kAllgather:  // input is this rank's slice of the output
-        call.in_place = offset_within(call.input, call.output) == rank_ * call.input.numel();
-        break;
-      case Collective::kReduceScatter:  // output is this rank's slice of the input
-        call.in_place = offset_within(call.output, call.input) == rank_ * call.output.numel();
-        break;
-      default:
-        call.in_place = call.input.numel() > 0 && call.input.data_ptr() == call.output.data_ptr();
-    }
+  switch (traits(call.kind).counts) {
+    case CountRule::kGather:  // input is this rank's slice of the output
+      call.in_place = offset_within(call.input, call.output) == rank_ * call.input.numel();
+      break;
+    case CountRule::kScatter:  // output is this rank's slice of the input
+      call.in_place = offset_within(call.output, call.input) == rank_ * call.output.numel();
+      break;
+    case CountRule::kSame:
+    case CountRule::kExchange:
+      call.in_place = call.input.numel() > 0 && call.input.data_ptr() == call.output.data_ptr();
+      break;
+    case CountRule::kNone:
+      break;
   }
   if (!checker_) return start(call);
   auto pending = checker_->post(std::move(call));

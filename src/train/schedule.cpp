@@ -30,12 +30,15 @@ LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps) {
   };
 }
 
-LossFn default_loss(const DatasetInfo& data) {
-  if (data.classification) {
-    return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); };
-  }
-  return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); };
+LossFn cross_entropy_loss() {
+  return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); };
 }
+
+LossFn mse_loss() {
+  return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y.to(out.scalar_type())); };
+}
+
+LossFn default_loss(const DatasetInfo& data) { return data.classification ? cross_entropy_loss() : mse_loss(); }
 
 std::vector<torch::Tensor> parameters(const Model& model) {
   std::vector<torch::Tensor> out;

@@ -12,7 +12,7 @@
 
 #include "common/host.hpp"
 #include "common/text.hpp"
-#include "train/progress.hpp"
+#include "train/run_position.hpp"
 #include "train/train_state.hpp"
 
 namespace mpiddp {
@@ -32,7 +32,7 @@ std::string Trainer::fingerprint() const {
   return text;
 }
 
-std::string Trainer::save(const Progress& p) {
+std::string Trainer::save(const detail::RunPosition& p) {
   // Every rank's RNG state goes to rank 0, which alone writes; its verdict is broadcast so that
   // every rank fails alike when the write fails.
   const auto& o = options_;
@@ -119,7 +119,7 @@ std::string incompatibility(const Snapshot& s, const std::string& fingerprint, c
 
 }  // namespace
 
-std::optional<Trainer::Progress> Trainer::restore(const std::function<void(const std::string&)>& note,
+std::optional<detail::RunPosition> Trainer::restore(const std::function<void(const std::string&)>& note,
                                                   std::string* from) {
   const auto& o = options_;
   // Rank 0 picks the snapshot and checks it; the verdict, then the file's bytes, are broadcast,
@@ -174,7 +174,7 @@ std::optional<Trainer::Progress> Trainer::restore(const std::function<void(const
   const int source = runtime_.rank() < saved_world ? runtime_.rank() : 0;
   detail::set_rng_state(o.device, s.tensors.at("rng/rank" + std::to_string(source)));
 
-  Progress p;
+  detail::RunPosition p;
   p.epoch = s.ints.at("epoch");
   p.step_in_epoch = s.ints.at("step_in_epoch");
   p.global_step = s.ints.at("global_step");

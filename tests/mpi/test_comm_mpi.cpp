@@ -156,9 +156,10 @@ std::string group_name(const std::string& case_backend) { return case_backend ==
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const auto& backend : case_backends()) {
-    for (auto kind : {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather,
-                      Collective::kReduceScatter, Collective::kAlltoall}) {
-      const bool reduces = kind == Collective::kAllreduce || kind == Collective::kReduceScatter;
+    for (const auto& t : mpiddp::collectives()) {
+      if (!t.has_data()) continue;
+      const auto kind = t.kind;
+      const bool reduces = t.reduces;
       for (auto dtype : {c10::kFloat, c10::kDouble, c10::kBFloat16, c10::kHalf, c10::kInt, c10::kLong}) {
         for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
           if (!reduces && op != ReduceOp::kSum) continue;
@@ -173,7 +174,7 @@ std::vector<Case> all_cases() {
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const auto& [backend, kind, dtype, op, in_place] = info.param;
   std::string name = backend + "_" + mpiddp::to_string(kind) + "_" + mpiddp::dtype_name(dtype);
-  if (kind == Collective::kAllreduce || kind == Collective::kReduceScatter) name += "_" + mpiddp::to_string(op);
+  if (mpiddp::traits(kind).reduces) name += "_" + mpiddp::to_string(op);
   return name + (in_place ? "_inplace" : "_outofplace");
 }
 

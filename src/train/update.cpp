@@ -1,0 +1,32 @@
+#include "train/update.hpp"
+
+namespace mpiddp::detail {
+
+Update::Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
+               ProcessGroup& pg, const RunPosition& from)
+    : optimizer_(optimizer), params_(std::move(params)), clip_grad_norm_(options.clip_grad_norm), pg_(pg) {
+  if (options.precision == c10::kHalf) {  // dynamic loss scaling, continued from the snapshot
+    scaler_.emplace(options.device, options.loss_scaling);
+    if (from.loss_scale > 0) scaler_->load(from.loss_scale, from.growth_tracker);
+  }
+}
+
+bool Update::apply() {
+  // fp16: the averaged gradients are unscaled and checked; a step with an Inf/NaN gradient on any
+  // rank is skipped everywhere.
+  const bool overflow = scaler_ && scaler_->unscale(params_, &pg_);
+  if (!overflow) {
+    if (clip_grad_norm_ > 0) torch::nn::utils::clip_grad_norm_(params_, clip_grad_norm_);
+    optimizer_.step();
+  }
+  if (scaler_) scaler_->update();
+  return !overflow;
+}
+
+void Update::save_state(RunPosition& p) const {
+  if (!scaler_) return;
+  p.loss_scale = scaler_->scale_value();
+  p.growth_tracker = scaler_->growth_tracker();
+}
+
+}  // namespace mpiddp::detail

@@ -1,0 +1,45 @@
+// Update: what a step does with the gradients its reduction left on every rank. Today's update is
+// DDP's: every rank holds the averaged gradients, unscales them (fp16: an Inf/NaN on any rank skips
+// the step everywhere, GradScaler's verdict), clips them to the global norm and steps the optimizer
+// on every parameter. A sharded update (ZeRO) replaces it behind the same calls.
+//
+// Cross-rank contract: every rank calls apply() at the same steps (after StepAgreement settled
+// that the step's loss was finite everywhere); fp16's verdict is one all-reduce inside it.
+#pragma once
+
+#include <mpiddp/comm.hpp>
+#include <mpiddp/precision.hpp>
+#include <mpiddp/trainer.hpp>
+
+#include <optional>
+#include <vector>
+
+#include "train/run_position.hpp"
+
+namespace mpiddp::detail {
+
+class Update {
+ public:
+  /// `params`: what clipping and unscaling see (the trainable parameters). The fp16 scaler
+  /// continues from `from` (a snapshot's state) when it holds one.
+  Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
+         ProcessGroup& pg, const RunPosition& from);
+
+  /// The loss to differentiate: scaled by the fp16 loss scale, else as it is.
+  torch::Tensor scale(const torch::Tensor& loss) const { return scaler_ ? scaler_->scale(loss) : loss; }
+  /// Unscale, clip, step. False when fp16 loss scaling skipped the step (Inf/NaN gradients).
+  bool apply();
+  /// The scaler's state into `p` (snapshots); nothing without loss scaling.
+  void save_state(RunPosition& p) const;
+  /// The loss scale now (0: no loss scaling).
+  double loss_scale() const { return scaler_ ? scaler_->scale_value() : 0.0; }
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  std::vector<torch::Tensor> params_;
+  double clip_grad_norm_;
+  ProcessGroup& pg_;
+  std::optional<GradScaler> scaler_;
+};
+
+}  // namespace mpiddp::detail
