@@ -3,6 +3,9 @@
 #   mpiddp bench --backend mpi, a plain C loop of MPI_Allreduce (bench/mpi_allreduce_loop.c),
 #   and mpiddp bench --backend gloo,
 # interleaved over REPS repetitions (median per size), then the ratios as a Markdown table.
+# MPIDDP_BENCH_BEFORE=PATH/mpiddp adds an earlier build's mpi backend, interleaved the same way, to
+# tell a regression from the machine's noise; the per-repetition ratios at each size from 1 MiB show
+# the spread.
 # usage: bench/comm_bench.sh [BUILD_DIR] [REPS]   (prints the table; raw data in $OUT_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +23,10 @@ for ((r = 1; r <= reps; r++)); do
   mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$build/mpiddp" bench --backend mpi -b $min -e $max -f 2 \
     -w $warmup -n $iters -c 0 --json "$out/mpi.$r.json" >/dev/null
   mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$out/mpi_allreduce_loop" $min $max 2 $warmup $iters >"$out/plain.$r.txt"
+  if [ -n "${MPIDDP_BENCH_BEFORE:-}" ]; then
+    mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$MPIDDP_BENCH_BEFORE" bench --backend mpi -b $min -e $max -f 2 \
+      -w $warmup -n $iters -c 0 --json "$out/before.$r.json" >/dev/null
+  fi
   if [ $have_gloo = 1 ]; then
     mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$build/mpiddp" bench --backend gloo -b $min -e $max -f 2 \
       -w $warmup -n $iters -c 0 --json "$out/gloo.$r.json" >/dev/null
@@ -36,7 +43,7 @@ def load_json(name):
         if os.path.exists(p):
             runs.append({x["size_bytes"]: x["out_of_place"] for x in json.load(open(p))["results"]})
     return runs
-mpi, gloo = load_json("mpi"), load_json("gloo")
+mpi, gloo, before = load_json("mpi"), load_json("gloo"), load_json("before")
 plain = []
 for r in range(1, reps + 1):
     plain.append({int(l.split()[0]): (float(l.split()[1]), float(l.split()[2])) for l in open(f"{out}/plain.{r}.txt")})
@@ -60,6 +67,18 @@ small = [mt - pt for s, pt, mt, pb, mb in rows if s <= 4096]
 print()
 print(f"From 1 MiB up, mpiddp mpi / plain MPI busbw: min {min(big):.3f}, median {med(big):.3f} (target >= 0.95).")
 print(f"Up to 4 KiB, mpiddp mpi time - plain MPI time: max {max(small):+.2f} us, median {med(small):+.2f} us (target <= 2 us).")
+def per_rep(runs, s):  # each repetition's busbw over the same repetition's plain MPI
+    return " ".join(f"{runs[r][s]['busbw_gbps'] / plain[r][s][1]:.2f}" for r in range(len(runs)))
+print("\nPer repetition, busbw / plain MPI busbw of the same repetition (plain MPI's own busbw, GB/s):")
+for s, pt, mt, pb, mb in rows:
+    if s >= (1 << 20):
+        line = f"- {human(s)}: mpiddp {per_rep(mpi, s)}"
+        if before:
+            line += f"; before {per_rep(before, s)}"
+        print(line + "; plain " + " ".join(f"{plain[r][s][1]:.2f}" for r in range(len(plain))))
+if before:
+    bb = [med([b[s]["busbw_gbps"] for b in before]) / pb for s, pt, mt, pb, mb in rows if s >= (1 << 20)]
+    print(f"From 1 MiB up, the earlier build's mpi / plain MPI busbw: min {min(bb):.3f}, median {med(bb):.3f}.")
 if gloo:
     gl = [med([x[s]['busbw_gbps'] for x in gloo]) / pb for s, pt, mt, pb, mb in rows if s >= (1 << 20)]
     print(f"From 1 MiB up, gloo / plain MPI busbw: median {med(gl):.3f}.")

@@ -15,6 +15,8 @@
 # (work of the long - work of the short) / (wall time of the long - wall time of the short), so
 # start-up cancels and per-epoch costs count; time to first step runs from just before mpirun to
 # the end of rank 0's first optimizer step. Prints Markdown tables; raw JSON lines in OUT_DIR.
+# MPIDDP_BENCH_BEFORE=PATH/mpiddp adds that earlier build as the contender mpiddp_before (Debian 12
+# stack), to compare a change before and after in the same rounds.
 #   usage: bench/train_bench.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."

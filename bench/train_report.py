@@ -10,7 +10,8 @@ import sys
 
 NAMES = {"python": "Python DDP (gloo), 2 ranks", "handwritten": "hand-written libtorch + MPI, 2 ranks",
          "mpiddp": "mpiddp, 2 ranks", "single": "1 process, 2 threads",
-         "python_fused": "Python DDP (gloo), Adam(fused=True), 2 ranks"}
+         "python_fused": "Python DDP (gloo), Adam(fused=True), 2 ranks",
+         "mpiddp_before": "mpiddp before a change ($MPIDDP_BENCH_BEFORE), 2 ranks"}
 
 
 def per_round(rows):
@@ -61,6 +62,10 @@ def main():
             ratios = sorted(m[0] / t[0] for m, t in zip(mine, theirs))
             if ratios:
                 print(f"- {stack} {workload}: " + ", ".join(f"{x:.2f}" for x in ratios))
+            before = data.get((stack, workload, "mpiddp_before"), [])
+            if before:
+                ratios = sorted(b[0] / t[0] for b, t in zip(before, theirs))
+                print(f"- {stack} {workload}, mpiddp before the change: " + ", ".join(f"{x:.2f}" for x in ratios))
     n = len({r["round"] for r in rows})
     print(f"\nMedians over {n} interleaved round(s); throughput = (long run - short run) work / wall time. "
           "Targets on each stack: CNN >= 1.05x Python DDP, toy >= 30x Python DDP, time to first step "

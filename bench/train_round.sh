@@ -43,7 +43,8 @@ run() {  # run WORKLOAD CONTENDER EPOCHS
               --batch-size $batch --threads 1 "${args[@]}" >"$log" ;;
     handwritten) mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$hand" --data "$data" --batch-size $batch \
               --threads 1 "${args[@]}" >"$log" ;;
-    mpiddp) mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$mpiddp" train --data "$data" --batch-size $batch \
+    mpiddp|mpiddp_before) local exe=$mpiddp; [ "$who" = mpiddp_before ] && exe=$MPIDDP_BENCH_BEFORE
+            mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$exe" train --data "$data" --batch-size $batch \
               --threads 1 --metrics "$log" "${args[@]}" >/dev/null ;;
     single) np=1
             mpirun -np 1 "${MPIRUN_FLAGS[@]}" --bind-to none "$mpiddp" train --data "$data" \
@@ -70,6 +71,9 @@ $py -c 'import torch; torch.optim.Adam([torch.zeros(1, requires_grad=True)], fus
   fused=python_fused
 for workload in toy cnn; do
   contenders="python handwritten mpiddp single"
+  # Before/after a change, in the same rounds: MPIDDP_BENCH_BEFORE names the earlier build's mpiddp
+  # (the host's stack only: the chroot's environment does not carry it).
+  [ -n "${MPIDDP_BENCH_BEFORE:-}" ] && contenders+=" mpiddp_before"
   [ "$workload" = cnn ] && [ -n "$fused" ] && contenders+=" $fused"
   for who in $contenders; do
     for epochs in $(lengths $workload $who); do

@@ -183,6 +183,8 @@ class Trainer {
   double micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
                      detail::StepAgreement& agreement, const detail::Update& update);
   void skip_step(const detail::RunPosition& p, int bad_rank, const std::function<void(const std::string&)>& note);
+  FitResult stopped(FitResult result, const detail::RunPosition& p, int signal,
+                    const std::function<void(const std::string&)>& note) const;
   EpochMetrics finish_epoch(const detail::RunPosition& p, const detail::RunPosition& epoch_start,
                             double loss_scale, detail::BatchSource& batches);
   std::vector<std::string> rank_lines(const detail::RunPosition& p) const;

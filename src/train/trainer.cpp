@@ -262,17 +262,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
         result.last_snapshot = snapshot(p);
         clock.restart();
       }
-      if (verdict.stop_signal != 0) {
-        detail::StopSignals::stopping(verdict.stop_signal);  // this rank too is on its way out
-        result.stop_signal = verdict.stop_signal;
-        result.global_step = p.global_step;
-        note("stopped by " + std::string(detail::signal_name(result.stop_signal)) + " at global step " +
-             std::to_string(p.global_step) + " (epoch " + std::to_string(p.epoch + 1) + ", step " +
-             std::to_string(p.step_in_epoch) + ")" +
-             (snapshots.enabled() ? "; snapshot " + result.last_snapshot + " written: rerun with --resume auto to continue"
-                                 : "; no snapshot directory, so nothing was saved"));
-        return result;
-      }
+      if (verdict.stop_signal != 0) return stopped(result, p, verdict.stop_signal, note);
     }
     p.seconds += clock.lap();
     EpochMetrics m = finish_epoch(p, epoch_start, update.loss_scale(), batches);
@@ -316,6 +306,19 @@ double Trainer::micro_steps(const std::vector<Example>& micro_batches, Distribut
     }
   }
   return loss_sum / k;
+}
+
+FitResult Trainer::stopped(FitResult result, const RunPosition& p, int signal,
+                           const std::function<void(const std::string&)>& note) const {
+  detail::StopSignals::stopping(signal);  // this rank too is on its way out
+  result.stop_signal = signal;
+  result.global_step = p.global_step;
+  note("stopped by " + std::string(detail::signal_name(signal)) + " at global step " + std::to_string(p.global_step) +
+       " (epoch " + std::to_string(p.epoch + 1) + ", step " + std::to_string(p.step_in_epoch) + ")" +
+       (detail::SnapshotPolicy(options_).enabled()
+            ? "; snapshot " + result.last_snapshot + " written: rerun with --resume auto to continue"
+            : "; no snapshot directory, so nothing was saved"));
+  return result;
 }
 
 void Trainer::skip_step(const RunPosition& p, int bad_rank, const std::function<void(const std::string&)>& note) {
