@@ -1,13 +1,18 @@
 // `mpiddp data`: writes dataset files in mpiddp's HDF5 layout (see include/mpiddp/data.hpp).
 //   mpiddp data fashion-mnist [--source DIR] --out FILE.h5   (also `mnist`: the same IDX format)
 //   mpiddp data synthetic --samples 2048 --features 20 --seed S --out FILE.h5
+//   mpiddp data text --in FILE... --out PREFIX [--val-fraction F]   (llm.c token shards, bytes)
 // Rank 0 does the work; under mpirun every rank agrees on the outcome.
 #include <mpiddp/data.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/tokens.hpp>
 
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "app/cli.hpp"
@@ -55,30 +60,87 @@ std::string convert_idx(const std::string& source, const std::string& out, const
   return report;
 }
 
+// Tokens per train shard, as llm.c's fineweb.py writes them.
+constexpr size_t kShardTokens = 100'000'000;
+
+std::string shard_name(const std::string& prefix, const char* split, int index) {
+  char number[16];
+  std::snprintf(number, sizeof number, "%06d", index);
+  return prefix + "_" + split + "_" + number + ".bin";
+}
+
+// Byte-level tokens (vocabulary 256) of the files, in order: the last `val_fraction` of them are
+// the validation shard (PREFIX_val_000000.bin), the rest the training shards from
+// PREFIX_train_000001.bin on, as llm.c names them (nanoGPT's shakespeare_char splits the same way).
+std::string write_text_shards(const std::vector<std::string>& inputs, const std::string& prefix,
+                              double val_fraction) {
+  std::vector<uint32_t> tokens;
+  for (const auto& in : inputs) {
+    std::ifstream f(in, std::ios::binary);
+    MPIDDP_CHECK(f.good(), "cannot read --in file '" + in + "'");
+    std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    tokens.insert(tokens.end(), bytes.begin(), bytes.end());
+  }
+  MPIDDP_CHECK(tokens.size() >= 2, "the --in files hold " + std::to_string(tokens.size()) + " bytes: too few to train on");
+  const auto val = static_cast<size_t>(static_cast<double>(tokens.size()) * val_fraction);
+  const size_t train = tokens.size() - val;
+  MPIDDP_CHECK(train >= 2 && (val_fraction == 0 || val >= 2),
+               "--val-fraction " + std::to_string(val_fraction) + " of " + std::to_string(tokens.size()) +
+                   " bytes leaves too few for the training or the validation shard");
+  std::string report;
+  int index = 1;
+  for (size_t begin = 0; begin < train; begin += kShardTokens, ++index) {
+    const size_t end = std::min(train, begin + kShardTokens);
+    const std::string path = shard_name(prefix, "train", index);
+    write_token_shard(path, std::vector<uint32_t>(tokens.begin() + begin, tokens.begin() + end));
+    report += "wrote " + path + ": " + std::to_string(end - begin) + " tokens (bytes, vocabulary 256)\n";
+  }
+  if (val > 0) {
+    const std::string path = shard_name(prefix, "val", 0);
+    write_token_shard(path, std::vector<uint32_t>(tokens.begin() + train, tokens.end()));
+    report += "wrote " + path + ": " + std::to_string(val) + " tokens (bytes, vocabulary 256)\n";
+  }
+  return report;
+}
+
 }  // namespace
 
 int run_data(Runtime& runtime, const std::vector<std::string>& args) {
   std::string kind, source, out;
   int64_t samples = 2048, features = 20, targets = 1;
   uint64_t seed = 0;
+  std::vector<std::string> inputs;
+  double val_fraction = 0.1;
   po::options_description options("mpiddp data options");
-  options.add_options()("help,h", "show this help")("kind", po::value(&kind), "fashion-mnist | mnist | synthetic")(
+  options.add_options()("help,h", "show this help")("kind", po::value(&kind), "fashion-mnist | mnist | synthetic | text")(
       "source", po::value(&source), "folder of the IDX .gz files (fashion-mnist default: /usr/share/datasets/fashion-mnist)")(
       "out", po::value(&out), "output file; fashion-mnist/mnist write OUT-train.h5 and OUT-test.h5")(
       "samples", po::value(&samples)->default_value(2048), "synthetic: samples")(
       "features", po::value(&features)->default_value(20), "synthetic: inputs per sample")(
       "targets", po::value(&targets)->default_value(1), "synthetic: regression targets per sample")(
-      "seed", po::value(&seed)->default_value(0), "synthetic: random seed (same seed, same file)");
+      "seed", po::value(&seed)->default_value(0), "synthetic: random seed (same seed, same file)")(
+      "in", po::value(&inputs)->multitoken(), "text: the text files, read as bytes in this order")(
+      "val-fraction", po::value(&val_fraction)->default_value(0.1),
+      "text: the last fraction of the bytes that goes to the validation shard (0: none)");
   po::positional_options_description positional;
   positional.add("kind", 1);
   po::variables_map vm;
   auto parse = [&] {
     vm = parse_options(options, args, &positional);
     if (vm.count("help")) return;
-    MPIDDP_CHECK(kind == "fashion-mnist" || kind == "mnist" || kind == "synthetic",
-                 kind.empty() ? std::string("say what to write: fashion-mnist, mnist or synthetic")
-                              : "unknown dataset kind '" + kind + "' (fashion-mnist, mnist, synthetic)");
+    MPIDDP_CHECK(kind == "fashion-mnist" || kind == "mnist" || kind == "synthetic" || kind == "text",
+                 kind.empty() ? std::string("say what to write: fashion-mnist, mnist, synthetic or text")
+                              : "unknown dataset kind '" + kind + "' (fashion-mnist, mnist, synthetic, text)");
     MPIDDP_CHECK(!out.empty(), "--out is required");
+    if (kind == "text") {
+      MPIDDP_CHECK(!inputs.empty(), "text: --in FILE... is required");
+      for (const auto& in : inputs) {
+        MPIDDP_CHECK(std::filesystem::is_regular_file(in), "--in '" + in + "' is not a readable file");
+      }
+      MPIDDP_CHECK(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got " +
+                                                              std::to_string(val_fraction));
+      return;
+    }
     if (kind == "fashion-mnist" && source.empty()) source = kFashionMnistDir;
     MPIDDP_CHECK(kind == "synthetic" || !source.empty(), "--source is required for " + kind);
     MPIDDP_CHECK(kind == "synthetic" || std::filesystem::is_directory(source),
@@ -89,17 +151,22 @@ int run_data(Runtime& runtime, const std::vector<std::string>& args) {
   if (vm.count("help")) {
     print_help(runtime,
                "usage: mpiddp data fashion-mnist|mnist [--source DIR] --out FILE.h5\n"
-            "       mpiddp data synthetic [--samples N] [--features F] [--seed S] --out FILE.h5\n\n"
+            "       mpiddp data synthetic [--samples N] [--features F] [--seed S] --out FILE.h5\n"
+            "       mpiddp data text --in FILE... --out PREFIX [--val-fraction F]\n\n"
             "Writes datasets in mpiddp's HDF5 layout: /inputs [N, ...] (uint8 with a scale attribute, or\n"
             "float32), /targets [N] int64 classes or [N, k] float32, file attributes task and num_classes.\n"
-            "synthetic is the seeds' regression set: inputs and targets uniform in [0, 1).\n\n",
+            "synthetic is the seeds' regression set: inputs and targets uniform in [0, 1).\n"
+            "text writes llm.c token shards of the files' bytes (vocabulary 256): PREFIX_train_000001.bin, ...\n"
+            "(at most 100M tokens each) and PREFIX_val_000000.bin, the last --val-fraction of the bytes.\n\n",
                options);
     return kExitOk;
   }
   std::string report;
   auto work = [&] {
     if (runtime.rank() != 0) return;
-    if (kind == "synthetic") {
+    if (kind == "text") {
+      report = write_text_shards(inputs, out, val_fraction);
+    } else if (kind == "synthetic") {
       torch::manual_seed(seed);
       auto x = torch::rand({samples, features});
       auto y = torch::rand({samples, targets});

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `mpiddp data`: Fashion-MNIST conversion (checked against the IDX bytes), the seeds' synthetic
-# set (reproducible by seed), and bad input. usage: data_cli.sh path/to/mpiddp
+# set (reproducible by seed), text to llm.c token shards (read back as llm.c reads them), and bad
+# input. usage: data_cli.sh path/to/mpiddp
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1
 tmp=$(mktemp -d)
@@ -35,6 +36,34 @@ run_np 2 "$mpiddp" data synthetic --seed 7 --out "$tmp/b.h5"
 run_alone "$mpiddp" data synthetic --seed 8 --out "$tmp/c.h5"
 check "synthetic: same seed, same data (any rank count)" h5diff "$tmp/a.h5" "$tmp/b.h5" /inputs
 check "synthetic: another seed, other data" bash -c "! h5diff -q '$tmp/a.h5' '$tmp/c.h5' /inputs"
+
+# Text to llm.c shards, read back as llm.c's loader reads them (1024-byte header of int32, then
+# uint16 tokens), independently of mpiddp's reader: the bytes of the files in order, the last tenth
+# in the val shard.
+printf 'First Citizen:\nBefore we proceed any further, hear me speak.\n' >"$tmp/a.txt"
+head -c 3000 /dev/urandom >"$tmp/b.txt"
+run_np 2 "$mpiddp" data text --in "$tmp/a.txt" "$tmp/b.txt" --out "$tmp/corpus"
+check "text: exit 0" [ "$rc" -eq 0 ]
+check "text: names the train shard" contains "wrote $tmp/corpus_train_000001.bin" "$out"
+check "text: shards hold the bytes, llm.c's header" python3 - "$tmp" <<'PY'
+import struct, sys
+tmp = sys.argv[1]
+data = open(f"{tmp}/a.txt", "rb").read() + open(f"{tmp}/b.txt", "rb").read()
+def shard(path):
+    raw = open(path, "rb").read()
+    magic, version, n = struct.unpack("<3i", raw[:12])
+    assert (magic, version) == (20240520, 1) and len(raw) == 1024 + 2 * n, (magic, version, n, len(raw))
+    return list(struct.unpack(f"<{n}H", raw[1024:]))
+train, val = shard(f"{tmp}/corpus_train_000001.bin"), shard(f"{tmp}/corpus_val_000000.bin")
+assert len(val) == int(len(data) * 0.1) and train + val == list(data), (len(train), len(val), len(data))
+PY
+for bad in "text --out $tmp/y" "text --in $tmp/none.txt --out $tmp/y" "text --in $tmp/a.txt --out $tmp/y --val-fraction 1" \
+           "text --in $tmp/a.txt --out /nonexistent/dir/y"; do
+  # shellcheck disable=SC2086
+  run_np 2 "$mpiddp" data $bad
+  check "bad input '$bad': non-zero exit, no hang" failed_cleanly
+  check "bad input '$bad': one line" one_line "$err"
+done
 
 for bad in "bogus --out $tmp/x.h5" "synthetic" "synthetic --samples 0 --out $tmp/x.h5" \
            "synthetic --samples many --out $tmp/x.h5" "mnist --out $tmp/x.h5" \
