@@ -120,7 +120,6 @@ void ProgressLog::maybe_report(const RunPosition& p) {
 }
 
 void ProgressLog::on_epoch(const EpochMetrics& m) {
-  if (world_size_ <= 0) return;
   const auto j = to_json(m, world_size_);
   logs_.line(j);
   // The same numbers as TensorBoard scalars epoch/<key>, at the epoch's last global step.
