@@ -86,6 +86,14 @@ void use_classic_tcp_store(TCPStoreOptions& options) {
 #define MPIDDP_HAS_FUSED_ADAMW 0
 #endif
 
+/// Whether libtorch has at::scaled_dot_product_attention (2.0+; the built-in GPT's attention uses
+/// it, else the explicit softmax(QK^T / sqrt(d) + causal mask) V).
+#if __has_include(<ATen/ops/scaled_dot_product_attention.h>)
+#define MPIDDP_HAS_SDPA 1
+#else
+#define MPIDDP_HAS_SDPA 0
+#endif
+
 /// Autocast's per-device switches. libtorch 2.4 made them one API keyed by device type and
 /// deprecated the per-device functions (is_cpu_enabled, set_autocast_gpu_dtype, ...) that 1.x has;
 /// both are declared in the same header, so the version decides which is called.

@@ -36,6 +36,11 @@ struct DatasetInfo {
   bool classification = true;
   int64_t num_classes = 0;            ///< classification only
   int64_t target_dim = 0;             ///< regression only (k)
+  /// Token windows (tokens.hpp): the positions of a sample, T; inputs and targets are int64 [n, T]
+  /// token ids, the target at each position the next token (classification over the vocabulary,
+  /// num_classes 0: the model's output width decides, and every token is checked against it).
+  /// 0: one input and one target per sample.
+  int64_t block_size = 0;
 };
 
 /// A batch as tensors: inputs float32 [n, ...]; targets int64 [n] or float32 [n, k].
@@ -43,38 +48,56 @@ struct Example {
   torch::Tensor inputs, targets;
 };
 
+/// What the Trainer trains and evaluates on: numbered samples, read in batches. The kinds are an
+/// HDF5 dataset file (H5Dataset) and the windows of a token stream (TokenWindows, tokens.hpp).
+class SampleSet {
+ public:
+  virtual ~SampleSet() = default;
+  virtual const DatasetInfo& info() const = 0;
+  int64_t size() const { return info().samples; }
+  /// The samples at `indices` (any order, repeats allowed), as one batch in that order.
+  virtual Example read(const std::vector<int64_t>& indices) const = 0;
+  /// Samples [begin, begin + count).
+  virtual Example read_range(int64_t begin, int64_t count) const = 0;
+  /// Throws mpiddp::Error naming the first class label (or token) outside [0, num_classes).
+  virtual void check_labels(int64_t num_classes) const = 0;
+  /// Whether reads come from memory (cheap enough to do on the training thread).
+  virtual bool cached() const = 0;
+  /// Switches to collective reads on `comm` where the kind has them (collective); see H5Dataset.
+  virtual bool open_parallel(MPI_Comm /*comm*/) { return false; }
+  /// read() as one collective read where open_parallel() switched to them, else read().
+  virtual Example read_collective(const std::vector<int64_t>& indices) const { return read(indices); }
+};
+
 /// Read-only access to one dataset file. Opening validates the layout and throws mpiddp::Error
 /// with a one-line reason (missing file or dataset, lengths that differ, an empty dataset,
 /// unsupported dtypes or ranks).
-class H5Dataset {
+class H5Dataset final : public SampleSet {
  public:
   explicit H5Dataset(const std::string& path);
-  ~H5Dataset();
+  ~H5Dataset() override;
   H5Dataset(const H5Dataset&) = delete;
   H5Dataset& operator=(const H5Dataset&) = delete;
 
-  const DatasetInfo& info() const { return info_; }
-  int64_t size() const { return info_.samples; }
-  /// The rows at `indices` (any order, repeats allowed), as one batch in that order.
-  Example read(const std::vector<int64_t>& indices) const;
-  /// Rows [begin, begin + count).
-  Example read_range(int64_t begin, int64_t count) const;
-  /// Throws unless every class label lies in [0, num_classes); scans in bounded chunks.
-  void check_labels(int64_t num_classes) const;
+  const DatasetInfo& info() const override { return info_; }
+  Example read(const std::vector<int64_t>& indices) const override;
+  Example read_range(int64_t begin, int64_t count) const override;
+  /// Scans the labels in bounded chunks.
+  void check_labels(int64_t num_classes) const override;
   /// Bytes the dataset takes as stored (inputs and targets).
   int64_t stored_bytes() const;
   /// Loads the whole dataset into memory (inputs as stored: uint8 stays uint8) when it takes at
   /// most `max_bytes`; later reads index memory instead of the file. Returns whether it did.
   bool cache(int64_t max_bytes);
-  bool cached() const;
+  bool cached() const override;
   /// Reopens the file through MPI-IO on `comm` (collective: every rank of `comm` calls it), when
   /// HDF5 is the parallel build and the dataset is not cached. Returns whether it did (the same on
   /// every rank); throws mpiddp::Error on every rank if any rank could not reopen the file.
-  bool open_parallel(MPI_Comm comm);
+  bool open_parallel(MPI_Comm comm) override;
   bool parallel() const;
   /// read() as one collective MPI-IO read: every rank of open_parallel()'s communicator calls it
   /// the same number of times, each with its own rows. Without open_parallel(), plain read().
-  Example read_collective(const std::vector<int64_t>& indices) const;
+  Example read_collective(const std::vector<int64_t>& indices) const override;
 
  private:
   struct Handles;

@@ -66,4 +66,9 @@ std::shared_ptr<Model> load_torchscript_bytes(const std::string& bytes, const st
 /// model's names when looking them up ("model/" for a snapshot's tensors).
 void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& prefix = "");
 
+/// Reads a state_dict file as Python's torch.save(model.state_dict(), PATH) writes it (and `mpiddp
+/// export --format state-dict`): tensors by name, on the CPU. Throws mpiddp::Error naming the file
+/// when it is missing or not such a file.
+std::map<std::string, torch::Tensor> read_state_dict(const std::string& path);
+
 }  // namespace mpiddp

@@ -72,18 +72,24 @@ class TokenStream {
 
 /// The samples of a GPT: windows of T+1 tokens at stride T (T = block_size). Window i holds tokens
 /// [iT, iT + T]: its input is the first T, its target the last T (the next token at each place).
-class TokenWindows {
+/// As a SampleSet: info().block_size is T, classification over the vocabulary, check_labels()
+/// checks every token of the stream.
+class TokenWindows final : public SampleSet {
  public:
-  TokenWindows(std::shared_ptr<const TokenStream> stream, int64_t block_size);
-  /// Windows that fit in the stream: floor((tokens - 1) / T); throws when not one does.
-  int64_t size() const { return windows_; }
-  int64_t block_size() const { return block_; }
+  /// `name` labels the set in messages (default: the first shard's path).
+  TokenWindows(std::shared_ptr<const TokenStream> stream, int64_t block_size, std::string name = "");
+  const DatasetInfo& info() const override { return info_; }
+  int64_t block_size() const { return info_.block_size; }
+  const TokenStream& stream() const { return *stream_; }
   /// The windows at `indices`, in that order: inputs and targets int64 [n, T].
-  Example read(const std::vector<int64_t>& indices) const;
+  Example read(const std::vector<int64_t>& indices) const override;
+  Example read_range(int64_t begin, int64_t count) const override;
+  void check_labels(int64_t vocab_size) const override { stream_->check_vocab(vocab_size); }
+  bool cached() const override { return true; }  ///< memory-mapped: a read is a copy
 
  private:
   std::shared_ptr<const TokenStream> stream_;
-  int64_t block_ = 0, windows_ = 0;
+  DatasetInfo info_;
 };
 
 /// Writes `tokens` as one llm.c shard (version 1: uint16, every token < 65536; version 7: uint32).

@@ -47,14 +47,18 @@ struct StepInfo {
 using LrSchedule = std::function<double(const StepInfo&)>;
 /// x gamma every `step_size` epochs.
 LrSchedule step_lr(int64_t step_size, double gamma);
-/// Cosine decay from 1 to 0 over the run's steps.
-LrSchedule cosine_lr();
+/// nanoGPT's get_lr() as a factor of the base rate: a linear warmup (step + 1) / (warmup_steps + 1)
+/// over the first warmup_steps, then cosine decay from 1 to min_factor over the rest of the run's
+/// steps. cosine_lr() decays from 1 to 0 over the whole run.
+LrSchedule cosine_lr(int64_t warmup_steps = 0, double min_factor = 0.0);
 /// `schedule` (nullptr: constant) with a linear warmup from 1/warmup_steps over the first steps.
 LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps);
 
 /// loss(outputs, targets) -> scalar, the mean over the batch.
 using LossFn = std::function<torch::Tensor(const torch::Tensor& outputs, const torch::Tensor& targets)>;
-/// torch's cross_entropy over class labels.
+/// torch's cross_entropy over class labels: outputs [n, classes] and targets [n], or per position
+/// outputs [n, T, vocab] and targets [n, T] (a language model: the mean over all n*T positions,
+/// targets of -1 ignored, as nanoGPT's loss).
 LossFn cross_entropy_loss();
 /// Mean squared error, the targets cast to the outputs' dtype.
 LossFn mse_loss();
@@ -62,11 +66,22 @@ LossFn mse_loss();
 LossFn default_loss(const DatasetInfo& data);
 
 struct TrainerOptions {
-  std::string data;           ///< training set (HDF5, see `mpiddp data`)
-  std::string test_data;      ///< evaluated after each epoch ("" : none)
+  /// The training set: an HDF5 dataset file (see `mpiddp data`), or token shards as one stream
+  /// (file names and globs, comma-separated, each glob in name order; see tokens.hpp).
+  std::string data;
+  std::string test_data;      ///< evaluated after each epoch and at the run's end ("" : none); same format
+  /// auto (HDF5 for names ending .h5 or .hdf5, llm.c token shards otherwise) | hdf5 | llmc |
+  /// raw-uint16 (nanoGPT's headerless train.bin: only when named, never guessed).
+  std::string data_format = "auto";
+  /// Token data: the tokens of a sample's input (windows of block_size + 1 at stride block_size).
+  int64_t block_size = 0;
   int64_t epochs = 1;
   int64_t max_steps = 0;      ///< stop after this many optimizer steps in all (0: no cap)
-  int64_t batch_size = 64;    ///< per rank
+  int64_t batch_size = 64;    ///< per rank and micro-step
+  /// Micro-steps per optimizer step: each rank runs grad_accum forward/backward passes of
+  /// batch_size samples, each loss divided by grad_accum, gradients reduced across ranks only in
+  /// the last (DDP's no_sync before); max_steps, snapshots and schedules count optimizer steps.
+  int64_t grad_accum = 1;
   uint64_t seed = 0;          ///< the sampler's shuffle
   bool shuffle = true;
   bool drop_last = false;
@@ -116,6 +131,9 @@ struct TrainerOptions {
   std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
   DdpOptions ddp;
 
+  /// Samples each rank takes per optimizer step.
+  int64_t samples_per_step() const { return batch_size * grad_accum; }
+
   /// Throws mpiddp::Error (one line) for an option outside its range, naming the field as `name`
   /// spells it (nullptr: "TrainerOptions::<field>"; the CLI passes its flags' names). On rank 0 a
   /// resume file must exist (only rank 0 reads it). The Trainer's constructor calls it.
@@ -127,6 +145,7 @@ struct EpochMetrics {
   int64_t steps = 0, global_step = 0;
   double train_loss = 0, test_loss = -1, test_accuracy = -1;  ///< -1: no test data / regression
   double samples_per_s = 0, seconds = 0, lr = 0;
+  double tokens_per_s = 0;       ///< token data: samples_per_s x block_size (0 otherwise)
   double first_step_unix_s = 0;  ///< wall clock (Unix seconds) when this run's first step ended; first epoch only
   int64_t skipped_steps = 0;     ///< steps whose update was skipped for a NaN/Inf loss
   int64_t overflow_steps = 0;    ///< fp16: steps whose update loss scaling skipped (Inf/NaN gradients)
@@ -194,13 +213,19 @@ class Trainer {
   std::shared_ptr<Model> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   TrainerOptions options_;
-  std::unique_ptr<H5Dataset> train_, test_;
+  std::unique_ptr<SampleSet> train_, test_;
   std::vector<double> base_lrs_;  ///< each parameter group's learning rate when the Trainer was made
   int64_t steps_per_epoch_ = 0;
   std::unique_ptr<detail::RunLogs> logs_;  ///< rank 0's metrics file and TensorBoard writer
 };
 
-/// The model's parameters (for building an optimizer).
+/// The training or test set that `source` names, as the Trainer opens it (options.data_format,
+/// options.block_size; an HDF5 set is read into memory when it fits options.cache_bytes). Throws
+/// mpiddp::Error naming the file for a missing or malformed one.
+std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const TrainerOptions& options);
+
+/// The model's parameters (for building an optimizer), each tensor once (a tied weight, e.g. the
+/// GPT's lm_head/wte, under its first name only: PyTorch's named_parameters()).
 std::vector<torch::Tensor> parameters(const Model& model);
 
 }  // namespace mpiddp

@@ -62,7 +62,14 @@ int64_t flat_size(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& data) {
+std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& data, const GptConfig& gpt) {
+  if (spec == "gpt") {
+    MPIDDP_CHECK(data.block_size > 0, "--model gpt trains on token data (llm.c shards); '" + data.path +
+                                          "' is an HDF5 dataset");
+    return wrap_module(Gpt(gpt), "gpt");
+  }
+  MPIDDP_CHECK(data.block_size == 0 || (spec != "linear" && spec != "mlp" && spec != "cnn"),
+               "--model " + spec + " takes an HDF5 dataset; token data needs --model gpt or a TorchScript model");
   const int64_t in = flat_size(data.sample_shape);
   const int64_t out = data.classification ? data.num_classes : data.target_dim;
   if (spec == "linear") return wrap_module(LinearNet(in, out), "linear");
@@ -76,7 +83,7 @@ std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& da
     return wrap_module(MnistNet(), "cnn");
   }
   MPIDDP_CHECK(std::filesystem::exists(spec),
-               "unknown --model '" + spec + "' (linear, mlp, cnn, or a TorchScript file: no such file)");
+               "unknown --model '" + spec + "' (linear, mlp, cnn, gpt, or a TorchScript file: no such file)");
   return load_torchscript(spec);
 }
 

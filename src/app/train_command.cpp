@@ -2,12 +2,14 @@
 // client of mpiddp::Trainer. Options come from the command line, then --config FILE, then
 // MPIDDP_* variables (see cli.hpp).
 #include <mpiddp/error.hpp>
+#include <mpiddp/gpt.hpp>
 #include <mpiddp/optim.hpp>
 #include <mpiddp/trainer.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <regex>
@@ -26,7 +28,9 @@ namespace {
 struct TrainConfig {
   std::string model = "cnn", loss = "auto", optimizer = "adam", schedule = "none", device = "cpu", backend = "mpi";
   std::string on_nan = "stop", compression = "none", log_every = "auto", precision = "fp32";
-  double lr = 0, momentum = 0, weight_decay = 0, gamma = 0.1;
+  std::string betas = "0.9,0.999", decay_params = "all", init_from;
+  double lr = 0, momentum = 0, weight_decay = 0, gamma = 0.1, min_lr = 0;
+  GptConfig gpt;
   double bucket_mb = 25, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
   int threads = 0;
@@ -41,9 +45,20 @@ std::string flag_of(const std::string& field) {
       {"log_every_steps", "--log-every"}, {"log_every_seconds", "--log-every"}, {"log_min_gap_seconds", "--log-every"},
       {"clip_grad_norm", "--clip-grad-norm"}, {"precision", "--precision"}, {"loss_scaling.init_scale", "--loss-scale"},
       {"save_every", "--save-every"}, {"save_every_steps", "--save-every-steps"}, {"keep", "--keep"},
-      {"cache_bytes", "--cache-mb"}, {"prefetch_batches", "--prefetch"}, {"resume", "--resume"}};
+      {"cache_bytes", "--cache-mb"}, {"prefetch_batches", "--prefetch"}, {"resume", "--resume"},
+      {"grad_accum", "--grad-accum"}, {"data_format", "--data-format"}, {"block_size", "--block-size"}};
   const auto it = kFlags.find(field);
   return it == kFlags.end() ? "TrainerOptions::" + field : it->second;
+}
+
+// "B1,B2" as Adam's betas.
+std::tuple<double, double> betas_of(const std::string& text) {
+  std::smatch m;
+  static const std::regex kPair(R"(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*,\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*)");
+  MPIDDP_CHECK(std::regex_match(text, m, kPair), "--betas takes two numbers B1,B2 (e.g. 0.9,0.95), got '" + text + "'");
+  const double b1 = std::stod(m[1]), b2 = std::stod(m[2]);
+  MPIDDP_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "--betas must each be in [0, 1), got '" + text + "'");
+  return {b1, b2};
 }
 
 // The flags that are the CLI's own (not TrainerOptions fields): their rules live here.
@@ -55,6 +70,14 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.schedule == "none" || c.schedule == "step" || c.schedule == "cosine",
                "unknown --lr-schedule '" + c.schedule + "' (none, step, cosine)");
   MPIDDP_CHECK(c.step_size > 0 && c.gamma > 0 && c.warmup_steps >= 0, "bad schedule parameters");
+  MPIDDP_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "--min-lr must be in [0, --lr], got " + std::to_string(c.min_lr));
+  MPIDDP_CHECK(c.decay_params == "all" || c.decay_params == "matrices",
+               "unknown --weight-decay-params '" + c.decay_params + "' (all, matrices)");
+  MPIDDP_CHECK(c.optimizer != "sgd" || c.betas == "0.9,0.999", "--betas applies to adam and adamw, not sgd");
+  betas_of(c.betas);  // throws on a malformed pair
+  if (c.model == "gpt") c.gpt.validate();
+  MPIDDP_CHECK(c.init_from.empty() || std::filesystem::is_regular_file(c.init_from),
+               "--init-from: state_dict file '" + c.init_from + "' does not exist");
   MPIDDP_CHECK(c.loss == "auto" || c.loss == "cross-entropy" || c.loss == "mse",
                "unknown --loss '" + c.loss + "' (auto, cross-entropy, mse)");
   MPIDDP_CHECK(c.device == "cpu" || c.device == "cuda", "unknown --device '" + c.device + "' (cpu, cuda)");
@@ -77,16 +100,29 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
                "unknown --compression '" + c.compression + "' (none, bf16, fp16)");
 }
 
+// The optimizer's parameter groups: one, or nanoGPT's two (--weight-decay-params matrices: tensors
+// of two or more dimensions decay, biases, norms and other vectors do not).
+template <class Options>
+std::vector<torch::optim::OptimizerParamGroup> param_groups(const TrainConfig& c, const Model& model, Options options) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : parameters(model)) (c.decay_params == "all" || p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<Options>(Options(options).weight_decay(c.weight_decay)));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, std::make_unique<Options>(Options(options).weight_decay(0.0)));
+  return groups;
+}
+
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const Model& model) {
-  auto params = parameters(model);
   if (c.optimizer == "sgd") {
-    return std::make_shared<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+    return std::make_shared<torch::optim::SGD>(param_groups(c, model, torch::optim::SGDOptions(c.lr).momentum(c.momentum)),
+                                               torch::optim::SGDOptions(c.lr));
   }
   if (c.optimizer == "adam") {
-    return std::make_shared<FusedAdam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+    const auto o = torch::optim::AdamOptions(c.lr).betas(betas_of(c.betas));
+    return std::make_shared<FusedAdam>(param_groups(c, model, o), o);
   }
-  return std::make_shared<FusedAdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  const auto o = torch::optim::AdamWOptions(c.lr).betas(betas_of(c.betas));
+  return std::make_shared<FusedAdamW>(param_groups(c, model, o), o);
 }
 
 std::string config_json(const TrainConfig& c, int threads, int world_size) {
@@ -100,7 +136,11 @@ std::string config_json(const TrainConfig& c, int threads, int world_size) {
                       {"threads", threads}, {"world_size", world_size}, {"on_nan", c.on_nan},
                       {"clip_grad_norm", t.clip_grad_norm}, {"log_every", c.log_every},
                       {"metrics", t.metrics_path}, {"tensorboard", t.tensorboard_dir},
-                      {"precision", c.precision}, {"prefetch", t.prefetch_batches}, {"cache_mb", c.cache_mb}};
+                      {"precision", c.precision}, {"prefetch", t.prefetch_batches}, {"cache_mb", c.cache_mb},
+                      {"data_format", t.data_format}, {"grad_accum", t.grad_accum}, {"betas", c.betas},
+                      {"weight_decay_params", c.decay_params}, {"min_lr", c.min_lr}, {"init_from", c.init_from}};
+  // The GPT's shape: `mpiddp generate` rebuilds the model from it.
+  if (c.model == "gpt") j["gpt"] = nlohmann::json::parse(c.gpt.to_json());
   if (c.precision == "fp16") j["loss_scale"] = t.loss_scaling.init_scale;
   return j.dump();
 }
@@ -114,11 +154,27 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
   po::options_description options("mpiddp train options");
   options.add_options()("help,h", "show this help")("config", po::value<std::string>(), "read options from this file (name = value lines)")(
       "model", po::value(&c.model)->default_value("cnn"),
-      "linear | mlp | cnn (PyTorch's MNIST example net) | FILE.pt (a TorchScript module saved from Python)")(
+      "linear | mlp | cnn (PyTorch's MNIST example net) | gpt (nanoGPT's GPT; token data) | FILE.pt (a TorchScript "
+      "module saved from Python)")(
       "loss", po::value(&c.loss)->default_value("auto"),
       "auto (cross-entropy for class labels, mse for regression) | cross-entropy | mse")(
-      "data", po::value(&t.data), "training set (HDF5, see `mpiddp data`)")(
-      "test-data", po::value(&t.test_data), "test set, evaluated after each epoch")(
+      "data", po::value(&t.data),
+      "training set: an HDF5 file (see `mpiddp data`) or token shards (llm.c's .bin; names and globs, comma-separated)")(
+      "test-data", po::value(&t.test_data), "test set, evaluated after each epoch and at the run's end")(
+      "data-format", po::value(&t.data_format)->default_value("auto"),
+      "auto (HDF5 for .h5/.hdf5, else llm.c token shards) | hdf5 | llmc | raw-uint16 (nanoGPT's headerless train.bin)")(
+      "block-size", po::value(&c.gpt.block_size)->default_value(1024),
+      "token data: tokens per sample (windows of T+1 at stride T); gpt: the context length")(
+      "vocab-size", po::value(&c.gpt.vocab_size)->default_value(50304), "gpt: vocabulary (every token must be below it)")(
+      "n-layer", po::value(&c.gpt.n_layer)->default_value(12), "gpt: transformer blocks")(
+      "n-head", po::value(&c.gpt.n_head)->default_value(12), "gpt: attention heads")(
+      "n-embd", po::value(&c.gpt.n_embd)->default_value(768), "gpt: width")(
+      "dropout", po::value(&c.gpt.dropout)->default_value(0.0, "0"), "gpt: dropout")(
+      "bias", po::value(&c.gpt.bias)->default_value(true, "true"), "gpt: biases in Linears and LayerNorms (true | false)")(
+      "init-from", po::value(&c.init_from),
+      "start from this state_dict (torch.save(model.state_dict()) or `mpiddp export`) instead of a fresh model")(
+      "grad-accum", po::value(&t.grad_accum)->default_value(1),
+      "micro-batches per optimizer step (each loss / K; gradients reduced only in the last)")(
       "epochs", po::value(&t.epochs)->default_value(1), "passes over the training set")(
       "max-steps", po::value(&t.max_steps)->default_value(0), "stop after this many steps in all (0: no cap)")(
       "batch-size", po::value(&t.batch_size)->default_value(64), "samples per rank per step")(
@@ -127,10 +183,15 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "adam (the default: good results without tuning) | adamw | sgd")(
       "momentum", po::value(&c.momentum)->default_value(0.0), "sgd momentum")(
       "weight-decay", po::value(&c.weight_decay)->default_value(0.0), "weight decay")(
+      "weight-decay-params", po::value(&c.decay_params)->default_value("all"),
+      "all | matrices (nanoGPT's groups: only tensors of 2+ dimensions decay)")(
+      "betas", po::value(&c.betas)->default_value("0.9,0.999"), "adam/adamw: B1,B2")(
+      "min-lr", po::value(&c.min_lr)->default_value(0.0, "0"), "cosine schedule: the rate it decays to")(
       "lr-schedule", po::value(&c.schedule)->default_value("none"), "none | step | cosine")(
       "step-size", po::value(&c.step_size)->default_value(1), "step schedule: epochs between decays")(
       "gamma", po::value(&c.gamma)->default_value(0.1), "step schedule: decay factor")(
-      "warmup-steps", po::value(&c.warmup_steps)->default_value(0), "linear warmup over this many steps")(
+      "warmup-steps", po::value(&c.warmup_steps)->default_value(0),
+      "linear warmup over this many steps (cosine: nanoGPT's get_lr, (step+1)/(N+1) then decay to --min-lr)")(
       "seed", po::value(&t.seed)->default_value(0), "seed of the initial model and the sampler's shuffle")(
       "no-shuffle", "keep the dataset's order")("drop-last", "drop the tail instead of padding shards to equal length")(
       "device", po::value(&c.device)->default_value("cpu"), "cpu | cuda")(
@@ -194,8 +255,12 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     if (c.device == "cuda") t.device = runtime.device();
     LrSchedule schedule;
     if (c.schedule == "step") schedule = step_lr(c.step_size, c.gamma);
-    if (c.schedule == "cosine") schedule = cosine_lr();
-    t.lr_schedule = c.warmup_steps > 0 ? with_warmup(schedule, c.warmup_steps) : schedule;
+    if (c.schedule == "cosine") {
+      t.lr_schedule = cosine_lr(c.warmup_steps, c.min_lr / c.lr);  // warmup included, as nanoGPT's
+    } else {
+      t.lr_schedule = c.warmup_steps > 0 ? with_warmup(schedule, c.warmup_steps) : schedule;
+    }
+    t.block_size = c.gpt.block_size;
     if (c.loss == "cross-entropy") t.loss = cross_entropy_loss();
     if (c.loss == "mse") t.loss = mse_loss();
     // Never oversubscribe: the cores of this node shared among its ranks.
@@ -218,13 +283,20 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
   auto build = [&] {
     torch::set_num_threads(threads);
     torch::manual_seed(t.seed);  // the same initial model on every rank (DDP broadcasts rank 0's anyway)
-    auto model = make_model(c.model, H5Dataset(t.data).info());
+    auto model = make_model(c.model, open_sample_set(t.data, t)->info(), c.gpt);
+    if (!c.init_from.empty()) {
+      try {
+        load_named(*model, read_state_dict(c.init_from));
+      } catch (const Error& e) {
+        MPIDDP_THROW("--init-from '" + c.init_from + "': " + e.message());
+      }
+    }
     trainer = std::make_unique<Trainer>(runtime, *pg, model, make_optimizer(c, *model), t);
   };
   if (auto code = agree_on_local_phase(runtime, "train", build)) return *code;
   if (runtime.rank() == 0) {
     int64_t params = 0;
-    for (const auto& p : trainer->model().named_parameters()) params += p.second.numel();
+    for (const auto& p : parameters(trainer->model())) params += p.numel();  // a tied weight once
     std::printf("mpiddp train: model %s (%lld parameters), %d rank(s) x batch %lld, %d thread(s) per rank, backend %s, device %s\n",
                 trainer->model().description().c_str(), static_cast<long long>(params), runtime.size(),
                 static_cast<long long>(t.batch_size), threads, c.backend.c_str(), c.device.c_str());

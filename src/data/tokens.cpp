@@ -180,23 +180,32 @@ void TokenStream::check_vocab(int64_t vocab_size) const {
   }
 }
 
-TokenWindows::TokenWindows(std::shared_ptr<const TokenStream> stream, int64_t block_size)
-    : stream_(std::move(stream)), block_(block_size) {
-  MPIDDP_CHECK(block_ > 0, "the block size must be > 0, got " + std::to_string(block_));
-  windows_ = (stream_->size() - 1) / block_;
-  MPIDDP_CHECK(windows_ > 0, "token data of " + std::to_string(stream_->size()) +
-                                 " tokens holds no window of block size " + std::to_string(block_) + " + 1");
+TokenWindows::TokenWindows(std::shared_ptr<const TokenStream> stream, int64_t block_size, std::string name)
+    : stream_(std::move(stream)) {
+  MPIDDP_CHECK(block_size > 0, "the block size must be > 0, got " + std::to_string(block_size));
+  info_.path = !name.empty() ? std::move(name) : stream_->shards().front().path;
+  info_.samples = (stream_->size() - 1) / block_size;
+  info_.sample_shape = {block_size};
+  info_.block_size = block_size;
+  MPIDDP_CHECK(info_.samples > 0, "token data '" + info_.path + "' of " + std::to_string(stream_->size()) +
+                                      " tokens holds no window of block size " + std::to_string(block_size) + " + 1");
 }
 
 Example TokenWindows::read(const std::vector<int64_t>& indices) const {
-  const auto n = static_cast<int64_t>(indices.size());
-  auto windows = torch::empty({n, block_ + 1}, torch::kLong);
+  const int64_t n = static_cast<int64_t>(indices.size()), block = info_.block_size;
+  auto windows = torch::empty({n, block + 1}, torch::kLong);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t i = indices[static_cast<size_t>(r)];
-    MPIDDP_CHECK(i >= 0 && i < windows_, "window " + std::to_string(i) + " outside [0, " + std::to_string(windows_) + ")");
-    windows[r].copy_(stream_->read(i * block_, block_ + 1));
+    MPIDDP_CHECK(i >= 0 && i < size(), "window " + std::to_string(i) + " outside [0, " + std::to_string(size()) + ")");
+    windows[r].copy_(stream_->read(i * block, block + 1));
   }
-  return {windows.narrow(1, 0, block_).contiguous(), windows.narrow(1, 1, block_).contiguous()};
+  return {windows.narrow(1, 0, block).contiguous(), windows.narrow(1, 1, block).contiguous()};
+}
+
+Example TokenWindows::read_range(int64_t begin, int64_t count) const {
+  std::vector<int64_t> indices(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) indices[static_cast<size_t>(i)] = begin + i;
+  return read(indices);
 }
 
 void write_token_shard(const std::string& path, const std::vector<uint32_t>& tokens, int version) {

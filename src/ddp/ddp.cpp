@@ -7,6 +7,7 @@
 #include <map>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -104,8 +105,12 @@ DistributedDataParallel::DistributedDataParallel(const std::vector<std::pair<std
 
 void DistributedDataParallel::setup(const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
                                     const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
+  std::set<const void*> seen;
   for (const auto& [name, p] : parameters) {
     if (!p.requires_grad()) continue;  // frozen: never reduced, on every rank alike
+    // A tensor under two names (tied weights) is one parameter: reduced once, its gradient the
+    // sum of both uses (autograd accumulates them into the one .grad before its hook runs).
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
     names_.push_back(name);
     params_.push_back(p);
   }

@@ -11,7 +11,7 @@ namespace mpiddp::detail {
 namespace {
 
 // Steps whose batches a cached set gathers at once: up to 8 MiB of float inputs.
-int64_t steps_per_block(const H5Dataset& data, int64_t batch_size) {
+int64_t steps_per_block(const SampleSet& data, int64_t batch_size) {
   int64_t sample_floats = 1;
   for (auto d : data.info().sample_shape) sample_floats *= d;
   return std::max<int64_t>(1, (int64_t{8} << 20) / (4 * std::max<int64_t>(1, sample_floats) * batch_size));
@@ -19,7 +19,7 @@ int64_t steps_per_block(const H5Dataset& data, int64_t batch_size) {
 
 }  // namespace
 
-int BatchSource::read_ahead(H5Dataset& data, const TrainerOptions& o, const Runtime& runtime,
+int BatchSource::read_ahead(SampleSet& data, const TrainerOptions& o, const Runtime& runtime,
                             const std::function<void(const std::string&)>& note) {
   // A training set too large to cache is read batch by batch. Without a reader thread, with a
   // parallel HDF5, each step's reads are one collective MPI-IO read (every rank takes the same
@@ -38,14 +38,14 @@ int BatchSource::read_ahead(H5Dataset& data, const TrainerOptions& o, const Runt
   return depth;
 }
 
-BatchSource::BatchSource(H5Dataset& data, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
+BatchSource::BatchSource(SampleSet& data, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
                          const RunPosition& from, int depth)
     : data_(data),
       options_(options),
       steps_per_epoch_(plan.steps_per_epoch),
       first_offset_(plan.offset(from)),
       first_global_(from.global_step),
-      block_steps_(steps_per_block(data, options.batch_size)),
+      block_steps_(steps_per_block(data, options.samples_per_step())),
       sampler_(data.size(), runtime.rank(), runtime.size(), options.shuffle, options.seed, options.drop_last),
       batches_([this](int64_t i) { return read(i); }, plan.steps_left(from), depth) {}
 
@@ -59,7 +59,8 @@ Example BatchSource::read(int64_t i) {
       epoch_ = epoch;
       block_first_ = -1;
     }
-    const auto at = [&](int64_t step) { return indices_.begin() + step * o.batch_size; };
+    const int64_t rows = o.samples_per_step();
+    const auto at = [&](int64_t step) { return indices_.begin() + step * rows; };
     Example e;
     if (!data_.cached()) {
       e = data_.read_collective(std::vector<int64_t>(at(s), at(s + 1)));
@@ -71,8 +72,8 @@ Example BatchSource::read(int64_t i) {
         block_ = data_.read(std::vector<int64_t>(at(s), at(last)));
         block_first_ = s;
       }
-      const int64_t row = (s - block_first_) * o.batch_size;
-      e = {block_.inputs.narrow(0, row, o.batch_size), block_.targets.narrow(0, row, o.batch_size)};
+      const int64_t row = (s - block_first_) * rows;
+      e = {block_.inputs.narrow(0, row, rows), block_.targets.narrow(0, row, rows)};
     }
     if (o.device.is_cuda()) {  // page-locked: the copy to the GPU can overlap the step
       e.inputs = e.inputs.pin_memory();

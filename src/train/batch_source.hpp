@@ -21,10 +21,10 @@ class BatchSource {
  public:
   /// How many batches to read ahead (0: on the training thread); opens the set for collective
   /// MPI-IO reads where that applies (collective) and tells `note` how the set will be read.
-  static int read_ahead(H5Dataset& data, const TrainerOptions& options, const Runtime& runtime,
+  static int read_ahead(SampleSet& data, const TrainerOptions& options, const Runtime& runtime,
                         const std::function<void(const std::string&)>& note);
   /// Batches from `from` to the end of `plan`, `depth` ahead (read_ahead()'s answer).
-  BatchSource(H5Dataset& data, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
+  BatchSource(SampleSet& data, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
               const RunPosition& from, int depth);
   BatchSource(const BatchSource&) = delete;
   BatchSource& operator=(const BatchSource&) = delete;
@@ -38,7 +38,7 @@ class BatchSource {
  private:
   Example read(int64_t i);  ///< the i-th batch from `from`; on the reader thread when depth > 0
 
-  H5Dataset& data_;
+  SampleSet& data_;
   const TrainerOptions& options_;
   const int64_t steps_per_epoch_, first_offset_, first_global_, block_steps_;
   DistributedSampler sampler_;

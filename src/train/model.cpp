@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "common/text.hpp"
@@ -126,6 +127,29 @@ void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensor
   };
   load(model.named_parameters(), "parameter");
   load(model.named_buffers(), "buffer");
+}
+
+std::map<std::string, torch::Tensor> read_state_dict(const std::string& path) {
+  MPIDDP_CHECK(std::filesystem::is_regular_file(path), "state_dict file '" + path + "' does not exist");
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+    // libtorch's unpickler (1.13 at least) reads a collections.OrderedDict, which state_dict()
+    // returns, as None: such a file must be saved as a plain dict.
+    if (!value.isGenericDict()) MPIDDP_THROW("it holds a " + value.tagKind() + ", not a dict");
+  } catch (const std::exception& e) {
+    MPIDDP_THROW("cannot read '" + path + "' as a state_dict (" + first_line(e.what()) +
+                 "): save a plain dict of tensors, torch.save(dict(model.state_dict()), PATH)");
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : value.toGenericDict()) {
+    MPIDDP_CHECK(item.key().isString() && item.value().isTensor(),
+                 "'" + path + "' is not a state_dict: it holds an entry that is not a name and a tensor");
+    out[item.key().toStringRef()] = item.value().toTensor();
+  }
+  return out;
 }
 
 }  // namespace mpiddp

@@ -21,6 +21,17 @@ std::string clock_text(double seconds) {
   return text;
 }
 
+// "123.4 samples/s", or for token data "123.4 samples/s (31590 tokens/s)".
+std::string rate_text(double samples_per_s, double tokens_per_s) {
+  char text[96];
+  if (tokens_per_s > 0) {
+    std::snprintf(text, sizeof text, "%.1f samples/s (%.0f tokens/s)", samples_per_s, tokens_per_s);
+  } else {
+    std::snprintf(text, sizeof text, "%.1f samples/s", samples_per_s);
+  }
+  return text;
+}
+
 // The run's options as TensorBoard text: a Markdown table of a JSON object (what the CLI stores),
 // else the text as it is.
 std::string options_markdown(const std::string& config) {
@@ -59,6 +70,7 @@ nlohmann::json to_json(const EpochMetrics& m, int world_size) {
   if (m.first_step_unix_s > 0) j["first_step_unix_s"] = m.first_step_unix_s;
   if (m.test_loss >= 0) j["test_loss"] = m.test_loss;
   if (m.test_accuracy >= 0) j["test_accuracy"] = m.test_accuracy;
+  if (m.tokens_per_s > 0) j["tokens_per_s"] = m.tokens_per_s;
   if (m.loss_scale > 0) {
     j["loss_scale"] = m.loss_scale;
     j["overflow_steps"] = m.overflow_steps;
@@ -67,11 +79,12 @@ nlohmann::json to_json(const EpochMetrics& m, int world_size) {
 }
 
 ProgressLog::ProgressLog(RunLogs& logs, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
-                         const RunPosition& from, Note note)
+                         const RunPosition& from, int64_t tokens_per_sample, Note note)
     : logs_(logs),
       options_(options),
       plan_(plan),
       world_size_(runtime.size()),
+      block_size_(tokens_per_sample),
       active_(runtime.rank() == 0 && (note || logs.any())),
       log_steps_(options.log_every_steps < 0 ? std::max<int64_t>(1, plan.steps_per_epoch / 10)
                                              : options.log_every_steps),
@@ -94,27 +107,31 @@ void ProgressLog::maybe_report(const RunPosition& p) {
   // No line at an epoch's or the run's end: the epoch's own line follows.
   if (!(by_steps || by_time) || span < o.log_min_gap_seconds || !plan_.epoch_running(p)) return;
   const double rate = static_cast<double>(window_.steps) / std::max(span, 1e-9);  // steps/s
-  const double samples_per_s = rate * static_cast<double>(o.batch_size * world_size_);
+  const double samples_per_s = rate * static_cast<double>(o.samples_per_step() * world_size_);
+  const double tokens_per_s = samples_per_s * static_cast<double>(block_size_);
   const double loss_mean = window_.loss / static_cast<double>(window_.steps);
   const int64_t left_in_epoch = plan_.steps_per_epoch - p.step_in_epoch, left = plan_.total_steps - p.global_step;
   if (note_) {
     char text[256];
     std::snprintf(text, sizeof text,
                   "epoch %lld/%lld, step %lld/%lld (%d%%): loss %.4f (rank 0, mean of the last %lld steps), "
-                  "%.1f samples/s, ETA epoch %s, run %s",
+                  "%s, ETA epoch %s, run %s",
                   static_cast<long long>(p.epoch + 1), static_cast<long long>(plan_.epochs),
                   static_cast<long long>(p.step_in_epoch), static_cast<long long>(plan_.steps_per_epoch),
                   static_cast<int>(100 * p.step_in_epoch / plan_.steps_per_epoch), loss_mean,
-                  static_cast<long long>(window_.steps), samples_per_s,
+                  static_cast<long long>(window_.steps), rate_text(samples_per_s, tokens_per_s).c_str(),
                   clock_text(static_cast<double>(left_in_epoch) / rate).c_str(),
                   clock_text(static_cast<double>(left) / rate).c_str());
     note_(text);
   }
-  logs_.line({{"kind", "log"}, {"epoch", p.epoch + 1}, {"step", p.step_in_epoch}, {"global_step", p.global_step},
-              {"train_loss", loss_mean}, {"window_steps", window_.steps}, {"samples_per_s", samples_per_s},
-              {"lr", p.lr}});
+  nlohmann::json line = {{"kind", "log"}, {"epoch", p.epoch + 1}, {"step", p.step_in_epoch},
+                         {"global_step", p.global_step}, {"train_loss", loss_mean}, {"window_steps", window_.steps},
+                         {"samples_per_s", samples_per_s}, {"lr", p.lr}};
+  if (tokens_per_s > 0) line["tokens_per_s"] = tokens_per_s;
+  logs_.line(line);
   logs_.scalar("train/loss", loss_mean, p.global_step);
   logs_.scalar("train/samples_per_s", samples_per_s, p.global_step);
+  if (tokens_per_s > 0) logs_.scalar("train/tokens_per_s", tokens_per_s, p.global_step);
   logs_.scalar("train/lr", p.lr, p.global_step);
   window_ = Window{};
 }
@@ -123,7 +140,8 @@ void ProgressLog::on_epoch(const EpochMetrics& m) {
   const auto j = to_json(m, world_size_);
   logs_.line(j);
   // The same numbers as TensorBoard scalars epoch/<key>, at the epoch's last global step.
-  for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "seconds", "lr", "loss_scale"}) {
+  for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "tokens_per_s", "seconds", "lr",
+                          "loss_scale"}) {
     if (j.contains(key)) logs_.scalar(std::string("epoch/") + key, j[key].get<double>(), m.global_step);
   }
 }

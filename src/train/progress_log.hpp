@@ -38,10 +38,11 @@ nlohmann::json to_json(const EpochMetrics& m, int world_size);
 class ProgressLog {
  public:
   using Note = std::function<void(const std::string&)>;
-  /// `note`: rank 0's line sink (nullptr: none). Writes the run's options to TensorBoard, and a
-  /// session start when `from` is a resumed position (its steps will be seen again).
+  /// `note`: rank 0's line sink (nullptr: none); `tokens_per_sample`: token data's block size (its
+  /// lines report tokens/s too), else 0. Writes the run's options to TensorBoard, and a session
+  /// start when `from` is a resumed position (its steps will be seen again).
   ProgressLog(RunLogs& logs, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
-              const RunPosition& from, Note note);
+              const RunPosition& from, int64_t tokens_per_sample, Note note);
 
   /// Each epoch's lines start afresh (evaluation is not training time).
   void start_epoch() { window_ = Window{}; }
@@ -67,6 +68,7 @@ class ProgressLog {
   const TrainerOptions& options_;
   const RunPlan plan_;
   const int world_size_;
+  const int64_t block_size_;  ///< tokens per sample (0: not token data)
   const bool active_;         ///< rank 0 with somewhere to write
   const int64_t log_steps_;   ///< a line every this many steps (0: none by steps)
   Note note_;

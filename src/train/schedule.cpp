@@ -4,6 +4,7 @@
 #include <mpiddp/trainer.hpp>
 
 #include <cmath>
+#include <set>
 
 namespace mpiddp {
 
@@ -12,10 +13,16 @@ LrSchedule step_lr(int64_t step_size, double gamma) {
   return [=](const StepInfo& at) { return std::pow(gamma, static_cast<double>(at.epoch / step_size)); };
 }
 
-LrSchedule cosine_lr() {
-  return [](const StepInfo& at) {
-    if (at.total_steps <= 0) return 1.0;
-    return 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(at.global_step) / static_cast<double>(at.total_steps)));
+LrSchedule cosine_lr(int64_t warmup_steps, double min_factor) {
+  MPIDDP_CHECK(warmup_steps >= 0 && min_factor >= 0 && min_factor <= 1,
+               "cosine_lr needs warmup_steps >= 0 and min_factor in [0, 1]");
+  return [=](const StepInfo& at) {
+    const auto step = static_cast<double>(at.global_step), warmup = static_cast<double>(warmup_steps);
+    if (at.global_step < warmup_steps) return (step + 1) / (warmup + 1);
+    if (at.global_step > at.total_steps) return min_factor;
+    const double span = static_cast<double>(at.total_steps) - warmup;
+    const double coeff = span > 0 ? 0.5 * (1.0 + std::cos(M_PI * (step - warmup) / span)) : 1.0;
+    return min_factor + coeff * (1.0 - min_factor);
   };
 }
 
@@ -31,7 +38,11 @@ LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps) {
 }
 
 LossFn cross_entropy_loss() {
-  return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); };
+  return [](const torch::Tensor& out, const torch::Tensor& y) {
+    namespace F = torch::nn::functional;
+    if (out.dim() <= 2) return F::cross_entropy(out, y);
+    return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}), F::CrossEntropyFuncOptions().ignore_index(-1));
+  };
 }
 
 LossFn mse_loss() {
@@ -42,7 +53,10 @@ LossFn default_loss(const DatasetInfo& data) { return data.classification ? cros
 
 std::vector<torch::Tensor> parameters(const Model& model) {
   std::vector<torch::Tensor> out;
-  for (const auto& p : model.named_parameters()) out.push_back(p.second);
+  std::set<const void*> seen;
+  for (const auto& p : model.named_parameters()) {
+    if (seen.insert(p.second.unsafeGetTensorImpl()).second) out.push_back(p.second);
+  }
   return out;
 }
 }  // namespace mpiddp

@@ -37,12 +37,21 @@ using detail::shape_text;
 
 namespace {
 
-// The parameters that the optimizer steps and clipping scales.
+// The parameters that the optimizer steps and clipping scales (a tied weight once).
 std::vector<torch::Tensor> trainable(const Model& model) {
   std::vector<torch::Tensor> out;
-  for (const auto& [name, param] : model.named_parameters()) {
+  for (const auto& param : parameters(model)) {
     if (param.requires_grad()) out.push_back(param);
   }
+  return out;
+}
+
+// A step's rows as `k` micro-batches of equal size, in order.
+std::vector<Example> split_micro_batches(const Example& step, int64_t k) {
+  if (k == 1) return {step};
+  const int64_t rows = step.inputs.size(0) / k;
+  std::vector<Example> out;
+  for (int64_t i = 0; i < k; ++i) out.push_back({step.inputs.narrow(0, i * rows, rows), step.targets.narrow(0, i * rows, rows)});
   return out;
 }
 
@@ -93,13 +102,11 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
     }
   }
 
-  train_ = std::make_unique<H5Dataset>(o.data);
-  train_->cache(o.cache_bytes);
+  train_ = open_sample_set(o.data, o);
   const auto& info = train_->info();
   if (!options_.loss) options_.loss = default_loss(info);
   if (!o.test_data.empty()) {
-    test_ = std::make_unique<H5Dataset>(o.test_data);
-    test_->cache(o.cache_bytes);
+    test_ = open_sample_set(o.test_data, o);
     const auto& t = test_->info();
     MPIDDP_CHECK(t.sample_shape == info.sample_shape && t.classification == info.classification &&
                      t.target_dim == info.target_dim,
@@ -111,9 +118,10 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   check_model_fits_data();
 
   DistributedSampler sampler(info.samples, runtime.rank(), runtime.size(), o.shuffle, o.seed, o.drop_last);
-  steps_per_epoch_ = sampler.num_samples() / o.batch_size;
+  steps_per_epoch_ = sampler.num_samples() / o.samples_per_step();
   MPIDDP_CHECK(steps_per_epoch_ > 0, "fewer samples than ranks x batch: " + std::to_string(info.samples) +
                                          " samples cannot fill one batch of " + std::to_string(o.batch_size) +
+                                         (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") +
                                          " on each of " + std::to_string(runtime.size()) + " ranks");
   // Rank 0's files, last: every check above has passed before anything is created.
   logs_ = std::make_unique<detail::RunLogs>(o, runtime.rank());
@@ -123,7 +131,10 @@ void Trainer::check_model_fits_data() {
   const auto& o = options_;
   const auto& info = train_->info();
   torch::NoGradGuard no_grad;  // and evaluation mode: no buffer, no RNG changes
-  const auto probe = train_->read_range(0, std::min<int64_t>(2, train_->size()));
+  auto probe = train_->read_range(0, std::min<int64_t>(2, train_->size()));
+  // Token ids index the model's embedding: the probe uses token 0 alone, which every vocabulary
+  // has, and the tokens are checked against the logits' width below.
+  if (info.block_size > 0) probe.inputs = torch::zeros_like(probe.inputs);
   torch::Tensor out;
   struct BackToTraining {
     Model& model;
@@ -140,12 +151,20 @@ void Trainer::check_model_fits_data() {
                  ": " + first_line(e.what()));
   }
   const int64_t n = probe.inputs.size(0);
-  if (info.classification) {
+  if (info.block_size > 0) {
+    const auto t = std::to_string(info.block_size);
+    MPIDDP_CHECK(out.dim() == 3 && out.size(0) == n && out.size(1) == info.block_size,
+                 "the model's outputs for " + std::to_string(n) + " windows of " + t + " tokens are " +
+                     shape_text(out.sizes()) + "; token data needs logits [" + std::to_string(n) + ", " + t +
+                     ", vocabulary]");
+  } else if (info.classification) {
     MPIDDP_CHECK(out.dim() == 2 && out.size(0) == n,
                  "the model's outputs for " + std::to_string(n) + " samples are " + shape_text(out.sizes()) +
                      "; class labels need [" + std::to_string(n) + ", classes]");
-    train_->check_labels(out.size(1));
-    if (test_) test_->check_labels(out.size(1));
+  }
+  if (info.classification) {  // every label (token) a class of the model's outputs
+    train_->check_labels(out.size(-1));
+    if (test_) test_->check_labels(out.size(-1));
   } else {
     MPIDDP_CHECK(out.sizes() == probe.targets.sizes(),
                  "the model's outputs for " + std::to_string(n) + " samples are " + shape_text(out.sizes()) +
@@ -190,14 +209,18 @@ std::pair<double, double> Trainer::evaluate() {
   const auto device = options_.device;
   const int64_t n = test_->size(), r = runtime_.rank(), w = runtime_.size();
   const int64_t begin = n * r / w, end = n * (r + 1) / w;
+  // Token windows: every position is a prediction (accuracy: of the next token), and a batch of
+  // windows holds their logits, so it is the training batch's size.
+  const auto& info = train_->info();
+  const int64_t positions = std::max<int64_t>(1, info.block_size);
+  const int64_t batch = info.block_size > 0 ? options_.batch_size : 1000;
   double loss_sum = 0, correct = 0;
-  constexpr int64_t kEvalBatch = 1000;
-  for (int64_t b = begin; b < end; b += kEvalBatch) {
-    auto e = test_->read_range(b, std::min(kEvalBatch, end - b));
+  for (int64_t b = begin; b < end; b += batch) {
+    auto e = test_->read_range(b, std::min(batch, end - b));
     auto out = forward(e.inputs.to(device));
     auto y = e.targets.to(device);
     loss_sum += options_.loss(out, y).item<double>() * static_cast<double>(y.size(0));
-    if (train_->info().classification) correct += out.argmax(1).eq(y).sum().item<double>();
+    if (info.classification) correct += out.argmax(-1).eq(y).sum().item<double>();
   }
   auto sums = torch::tensor({loss_sum, correct}, torch::kDouble).to(device);
   pg_.allreduce(sums);
@@ -205,7 +228,7 @@ std::pair<double, double> Trainer::evaluate() {
   model_->train(true);
   const double total = static_cast<double>(n);
   return {sums[0].item<double>() / total,
-          train_->info().classification ? sums[1].item<double>() / total : -1.0};
+          info.classification ? sums[1].item<double>() / (total * static_cast<double>(positions)) : -1.0};
 }
 
 // ---- training ------------------------------------------------------------------------------------
@@ -226,7 +249,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options);
   detail::StepAgreement agreement(ddp.extras(), pg_);
   detail::Update update(*optimizer_, trainable(*model_), o, pg_, p);
-  detail::ProgressLog progress(*logs_, o, runtime_, plan, p, on_note);
+  detail::ProgressLog progress(*logs_, o, runtime_, plan, p, train_->info().block_size, on_note);
   detail::BatchSource batches(*train_, o, runtime_, plan, p, read_ahead);
   const detail::SnapshotPolicy snapshots(o);
   auto snapshot = [&](RunPosition at) {
@@ -244,7 +267,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       const Example batch = batches.next();
       set_lr({p.global_step, p.epoch, plan.total_steps});
       p.lr = current_lr();
-      const double loss = micro_steps({batch}, ddp, agreement, update);
+      const double loss = micro_steps(split_micro_batches(batch, o.grad_accum), ddp, agreement, update);
       const auto verdict = agreement.settle();
       if (verdict.bad_rank >= 0) {
         skip_step(p, verdict.bad_rank, note);
@@ -350,7 +373,8 @@ EpochMetrics Trainer::finish_epoch(const RunPosition& p, const RunPosition& epoc
       torch::tensor({taken > 0 ? p.loss_sum / static_cast<double>(taken) : 0.0}, torch::kDouble).to(o.device);
   pg_.allreduce(mean_loss, ReduceOp::kAvg);
   m.train_loss = mean_loss.cpu().item<double>();
-  m.samples_per_s = p.seconds > 0 ? static_cast<double>(steps * o.batch_size * runtime_.size()) / p.seconds : 0;
+  m.samples_per_s = p.seconds > 0 ? static_cast<double>(steps * o.samples_per_step() * runtime_.size()) / p.seconds : 0;
+  m.tokens_per_s = m.samples_per_s * static_cast<double>(train_->info().block_size);
   if (test_) {
     auto hold = batches.pause();
     std::tie(m.test_loss, m.test_accuracy) = evaluate();

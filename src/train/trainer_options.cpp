@@ -14,6 +14,10 @@ void TrainerOptions::validate(const std::function<std::string(const std::string&
   MPIDDP_CHECK(!data.empty(), n("data") + " (the training set) is required");
   MPIDDP_CHECK(epochs > 0, n("epochs") + " must be > 0, got " + std::to_string(epochs));
   MPIDDP_CHECK(batch_size > 0, n("batch_size") + " must be > 0, got " + std::to_string(batch_size));
+  MPIDDP_CHECK(grad_accum > 0, n("grad_accum") + " must be > 0 (1: no accumulation), got " + std::to_string(grad_accum));
+  MPIDDP_CHECK(data_format == "auto" || data_format == "hdf5" || data_format == "llmc" || data_format == "raw-uint16",
+               "unknown " + n("data_format") + " '" + data_format + "' (auto, hdf5, llmc, raw-uint16)");
+  MPIDDP_CHECK(block_size >= 0, n("block_size") + " must be >= 0, got " + std::to_string(block_size));
   MPIDDP_CHECK(max_steps >= 0, n("max_steps") + " must be >= 0");
   MPIDDP_CHECK(log_every_steps >= -1, n("log_every_steps") + " must be >= -1 (-1: a tenth of an epoch)");
   MPIDDP_CHECK(log_every_seconds >= 0 && log_min_gap_seconds >= 0,

@@ -62,9 +62,10 @@ std::string Trainer::save(const detail::RunPosition& p) {
                 {"world_size", runtime_.size()},
                 {"threads", torch::get_num_threads()},
                 {"batch_size", o.batch_size},
+                {"grad_accum", o.grad_accum},
                 {"sampler_seed", static_cast<int64_t>(o.seed)},
                 {"sampler_epoch", p.epoch},
-                {"sampler_position", p.step_in_epoch * o.batch_size},
+                {"sampler_position", p.step_in_epoch * o.samples_per_step()},
                 {"sampler_shuffle", o.shuffle ? 1 : 0},
                 {"sampler_drop_last", o.drop_last ? 1 : 0}};
       s.reals = {{"epoch_loss_sum", p.loss_sum}, {"epoch_seconds", p.seconds}, {"lr", p.lr},
@@ -186,17 +187,18 @@ std::optional<detail::RunPosition> Trainer::restore(const std::function<void(con
     p.growth_tracker = s.ints.at("amp_growth_tracker");
     p.overflow = s.ints.at("amp_overflow_steps");
   }
-  const int64_t saved_batch = s.ints.at("batch_size");
-  if (saved_world != runtime_.size() || saved_batch != o.batch_size) {
+  // Samples per rank per step: the batch times the micro-steps (snapshots before grad_accum: 1).
+  const int64_t saved_batch = s.ints.at("batch_size") * (s.ints.count("grad_accum") ? s.ints.at("grad_accum") : 1);
+  if (saved_world != runtime_.size() || saved_batch != o.samples_per_step()) {
     // Same global data order only when the global batch is kept; the position in the epoch is
     // carried over as samples consumed.
     const int64_t consumed = p.step_in_epoch * saved_batch * saved_world;
-    const int64_t global_batch = o.batch_size * runtime_.size();
+    const int64_t global_batch = o.samples_per_step() * runtime_.size();
     p.step_in_epoch = consumed / global_batch;
     if (note) {
       note("note: the snapshot was taken at " + std::to_string(saved_world) + " rank(s) x batch " +
            std::to_string(saved_batch) + "; continuing at " + std::to_string(runtime_.size()) + " x " +
-           std::to_string(o.batch_size) + (saved_world * saved_batch == global_batch
+           std::to_string(o.samples_per_step()) + (saved_world * saved_batch == global_batch
                                                 ? " (same global batch: same global data order)"
                                                 : " (another global batch: another data order)"));
     }

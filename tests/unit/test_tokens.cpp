@@ -14,7 +14,10 @@
 #include <functional>
 #include <iterator>
 
+#include "error_of.hpp"
+
 namespace fs = std::filesystem;
+using mpiddp::testing::error_of;
 
 namespace {
 
@@ -38,14 +41,6 @@ class TokenFiles : public ::testing::Test {
     f.write(reinterpret_cast<const char*>(header.data()), 1024);
     for (auto t : tokens) f.write(reinterpret_cast<const char*>(&t), token_bytes);  // little-endian host
     return path;
-  }
-  std::string error_of(const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const mpiddp::Error& e) {
-      return e.message();
-    }
-    return "";
   }
   fs::path dir;
 };

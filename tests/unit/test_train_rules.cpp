@@ -11,10 +11,12 @@
 #include <string>
 
 #include "train/run_position.hpp"
+#include "error_of.hpp"
 #include "train/snapshot_policy.hpp"
 
 using mpiddp::detail::RunPlan;
 using mpiddp::detail::RunPosition;
+using mpiddp::testing::error_of;
 
 namespace {
 
@@ -28,15 +30,6 @@ int64_t simulate_steps(const RunPlan& plan, RunPosition p) {
     }
   }
   return steps;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mpiddp::Error& e) {
-    return e.message();
-  }
-  return "";
 }
 
 }  // namespace

@@ -1,0 +1,216 @@
+// The built-in GPT (see include/mpiddp/gpt.hpp): nanoGPT's model.py, module by module.
+#include <mpiddp/compat.hpp>
+#include <mpiddp/error.hpp>
+#include <mpiddp/gpt.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace mpiddp {
+
+namespace nn = torch::nn;
+
+namespace {
+
+// nanoGPT's LayerNorm: a weight and an optional bias (nn::LayerNorm always has one).
+struct LayerNormImpl : nn::Module {
+  LayerNormImpl(int64_t width, bool bias) : width(width) {
+    weight = register_parameter("weight", torch::ones({width}));
+    if (bias) this->bias = register_parameter("bias", torch::zeros({width}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::layer_norm(x, {width}, weight, bias, 1e-5); }
+  int64_t width;
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(LayerNorm);
+
+// A module whose "weight" is a tensor it is given: the token embedding (an Embedding) and the
+// output head (a Linear without bias) share one tensor this way, registered under both names.
+struct SharedWeightImpl : nn::Module {
+  explicit SharedWeightImpl(const torch::Tensor& w) { weight = register_parameter("weight", w); }
+  torch::Tensor embed(const torch::Tensor& idx) { return torch::embedding(weight, idx); }
+  torch::Tensor project(const torch::Tensor& x) { return torch::linear(x, weight); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(SharedWeight);
+
+// softmax(q k^T / sqrt(d) + causal mask) v over [B, heads, T, head size].
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double dropout, bool training) {
+  const double p = training ? dropout : 0.0;
+#if MPIDDP_HAS_SDPA
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
+#else
+  const int64_t t = q.size(-2);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(k.size(-1))));
+  const auto future = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  att = torch::softmax(att.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  return torch::matmul(torch::dropout(att, p, training), v);
+#endif
+}
+
+struct CausalSelfAttentionImpl : nn::Module {
+  explicit CausalSelfAttentionImpl(const GptConfig& c)
+      : c_attn(register_module("c_attn", nn::Linear(nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)))),
+        c_proj(register_module("c_proj", nn::Linear(nn::LinearOptions(c.n_embd, c.n_embd).bias(c.bias)))),
+        resid_dropout(register_module("resid_dropout", nn::Dropout(c.dropout))),
+        n_head(c.n_head),
+        dropout(c.dropout) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+    auto qkv = c_attn(x).split(c, 2);
+    auto heads = [&](const torch::Tensor& y) { return y.view({b, t, n_head, c / n_head}).transpose(1, 2); };
+    auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), dropout, is_training());
+    return resid_dropout(c_proj(y.transpose(1, 2).contiguous().view({b, t, c})));
+  }
+  nn::Linear c_attn, c_proj;
+  nn::Dropout resid_dropout;
+  int64_t n_head;
+  double dropout;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+struct MlpImpl : nn::Module {
+  explicit MlpImpl(const GptConfig& c)
+      : c_fc(register_module("c_fc", nn::Linear(nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)))),
+        c_proj(register_module("c_proj", nn::Linear(nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)))),
+        dropout(register_module("dropout", nn::Dropout(c.dropout))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return dropout(c_proj(torch::gelu(c_fc(x)))); }
+  nn::Linear c_fc, c_proj;
+  nn::Dropout dropout;
+};
+TORCH_MODULE(Mlp);
+
+struct BlockImpl : nn::Module {
+  explicit BlockImpl(const GptConfig& c)
+      : ln_1(register_module("ln_1", LayerNorm(c.n_embd, c.bias))),
+        attn(register_module("attn", CausalSelfAttention(c))),
+        ln_2(register_module("ln_2", LayerNorm(c.n_embd, c.bias))),
+        mlp(register_module("mlp", Mlp(c))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attn(ln_1(x));
+    return x + mlp(ln_2(x));
+  }
+  LayerNorm ln_1;
+  CausalSelfAttention attn;
+  LayerNorm ln_2;
+  Mlp mlp;
+};
+TORCH_MODULE(Block);
+
+struct TransformerImpl : nn::Module {
+  TransformerImpl(const GptConfig& c, const torch::Tensor& token_embedding)
+      : wte(register_module("wte", SharedWeight(token_embedding))),
+        wpe(register_module("wpe", nn::Embedding(c.block_size, c.n_embd))),
+        drop(register_module("drop", nn::Dropout(c.dropout))),
+        h(register_module("h", nn::ModuleList())),
+        ln_f(nullptr) {
+    for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
+    ln_f = register_module("ln_f", LayerNorm(c.n_embd, c.bias));
+  }
+  SharedWeight wte;
+  nn::Embedding wpe;
+  nn::Dropout drop;
+  nn::ModuleList h;
+  LayerNorm ln_f;
+};
+TORCH_MODULE(Transformer);
+
+}  // namespace
+
+struct GptImpl::Parts {
+  Transformer transformer{nullptr};
+  SharedWeight lm_head{nullptr};
+};
+
+void GptConfig::validate() const {
+  MPIDDP_CHECK(block_size > 0 && vocab_size > 0 && n_layer > 0 && n_head > 0 && n_embd > 0,
+               "the GPT's block size, vocabulary size, layers, heads and width must be > 0");
+  MPIDDP_CHECK(n_embd % n_head == 0, "the GPT's width (n_embd " + std::to_string(n_embd) +
+                                         ") must be a multiple of its heads (n_head " + std::to_string(n_head) + ")");
+  MPIDDP_CHECK(dropout >= 0 && dropout < 1, "the GPT's dropout must be in [0, 1), got " + std::to_string(dropout));
+}
+
+std::string GptConfig::to_json() const {
+  return nlohmann::json{{"block_size", block_size}, {"vocab_size", vocab_size}, {"n_layer", n_layer},
+                        {"n_head", n_head},         {"n_embd", n_embd},         {"dropout", dropout},
+                        {"bias", bias}}
+      .dump();
+}
+
+GptConfig GptConfig::from_json(const std::string& text) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  MPIDDP_CHECK(j.is_object(), "a GPT configuration must be a JSON object, got '" + text + "'");
+  GptConfig c;
+  try {
+    c.block_size = j.at("block_size").get<int64_t>();
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.n_layer = j.at("n_layer").get<int64_t>();
+    c.n_head = j.at("n_head").get<int64_t>();
+    c.n_embd = j.at("n_embd").get<int64_t>();
+    c.dropout = j.at("dropout").get<double>();
+    c.bias = j.at("bias").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    MPIDDP_THROW("a GPT configuration lacks a field or has one of the wrong type: " + std::string(e.what()));
+  }
+  c.validate();
+  return c;
+}
+
+GptImpl::GptImpl(const GptConfig& config) : config_(config), parts_(std::make_shared<Parts>()) {
+  config_.validate();
+  const auto& c = config_;
+  const auto token_embedding = torch::empty({c.vocab_size, c.n_embd});
+  parts_->transformer = register_module("transformer", Transformer(c, token_embedding));
+  parts_->lm_head = register_module("lm_head", SharedWeight(token_embedding));
+  // nanoGPT's _init_weights, then the scaled residual projections.
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    const bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+    const bool is_norm = name.find(".ln_") != std::string::npos;
+    const bool is_residual = name.size() >= 14 && name.compare(name.size() - 14, 14, "c_proj.weight") == 0;
+    if (is_norm) continue;  // LayerNorm: ones and zeros, as built
+    if (is_bias) {
+      p.zero_();
+    } else {
+      p.normal_(0.0, is_residual ? residual_std : 0.02);
+    }
+  }
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
+  MPIDDP_CHECK(idx.dim() == 2, "the GPT takes token ids [batch, time], got " + std::to_string(idx.dim()) + " dimensions");
+  const int64_t t = idx.size(1);
+  MPIDDP_CHECK(t <= config_.block_size, "cannot forward a sequence of length " + std::to_string(t) +
+                                            ", the block size is only " + std::to_string(config_.block_size));
+  auto& tr = *parts_->transformer;
+  const auto pos = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  auto x = tr.drop(tr.wte->embed(idx) + tr.wpe(pos));
+  for (const auto& block : *tr.h) x = block->as<BlockImpl>()->forward(x);
+  return parts_->lm_head->project(tr.ln_f(x));
+}
+
+torch::Tensor GptImpl::generate(torch::Tensor idx, int64_t max_new_tokens, double temperature, int64_t top_k) {
+  MPIDDP_CHECK(temperature > 0, "the temperature must be > 0, got " + std::to_string(temperature));
+  MPIDDP_CHECK(top_k >= 0, "top_k must be >= 0 (0: all tokens), got " + std::to_string(top_k));
+  torch::NoGradGuard no_grad;
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    const int64_t t = idx.size(1);
+    const auto context = t <= config_.block_size ? idx : idx.narrow(1, t - config_.block_size, config_.block_size);
+    auto logits = forward(context).select(1, context.size(1) - 1) / temperature;
+    if (top_k > 0) {  // below the k-th largest: never drawn
+      const int64_t k = std::min(top_k, logits.size(-1));
+      const auto kth = std::get<0>(logits.topk(k)).narrow(-1, k - 1, 1);
+      logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
+    }
+    idx = torch::cat({idx, torch::multinomial(torch::softmax(logits, -1), 1)}, 1);
+  }
+  return idx;
+}
+
+}  // namespace mpiddp

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# `mpiddp train --model gpt` on llm.c token shards against nanoGPT's loop written in Python
+# (tests/python/nanogpt_ref.py, Debian's python3-torch or the chroot's): at 1-4 ranks x micro-batch
+# x accumulation, AdamW with nanoGPT's groups, warmup + cosine to a floor, clipping; the tied
+# weight stays tied; the export loads strictly into nanoGPT's GPT and its loss there is mpiddp's
+# test loss. usage: gpt_cli.sh MPIDDP_BINARY
+source "$(dirname "$0")/lib.sh"
+mpiddp=$1
+ref() { "$DEBIAN_PYTHON" "$(dirname "$0")/../python/nanogpt_ref.py" "$@"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+MPIDDP_TEST_DEADLINE=180
+
+# A byte-level corpus (vocabulary 256) as llm.c shards.
+"$DEBIAN_PYTHON" - "$tmp/text.txt" <<'PY'
+import random, sys
+random.seed(7)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
+open(sys.argv[1], "w").write(" ".join(random.choice(words) for _ in range(1500)))
+PY
+run_alone "$mpiddp" data text --in "$tmp/text.txt" --out "$tmp/tiny" --val-fraction 0.1
+check "data text writes the shards" [ "$rc" -eq 0 -a -f "$tmp/tiny_train_000001.bin" -a -f "$tmp/tiny_val_000000.bin" ]
+train=$tmp/tiny_train_000001.bin val=$tmp/tiny_val_000000.bin
+
+# nanoGPT's shape, small: 2 layers, 2 heads, 32 wide, block 16; the same initial weights for both.
+shape=(2 2 32 16 256 true)
+ref init "$tmp/init.pt" 3 "${shape[@]}"
+gpt=(--model gpt --n-layer 2 --n-head 2 --n-embd 32 --block-size 16 --vocab-size 256 --init-from "$tmp/init.pt")
+steps=6 lr=0.003 min_lr=0.0003 warmup=2 wd=0.1 clip=1.0
+opt=(--optimizer adamw --lr $lr --lr-schedule cosine --warmup-steps $warmup --min-lr $min_lr --betas 0.9,0.95
+     --weight-decay $wd --weight-decay-params matrices --clip-grad-norm $clip)
+for case in "1 4 1" "2 2 2" "3 2 1" "4 1 3"; do
+  read -r n b k <<<"$case"
+  d=$tmp/np$n
+  run_np "$n" "$mpiddp" train "${gpt[@]}" "${opt[@]}" --data "$train" --test-data "$val" --no-shuffle \
+    --batch-size "$b" --grad-accum "$k" --max-steps $steps --threads 1 --snapshot-dir "$d" --metrics "$d.json"
+  check "np$n x batch $b x accum $k: trains" [ "$rc" -eq 0 ]
+  run_alone "$mpiddp" export "$d/latest.h5" --out "$d.state.pt" --format state-dict
+  ref train "$tmp/init.pt" "$train" "$n" "$b" "$k" $steps $lr $min_lr $warmup $wd 0.9 0.95 $clip "$d.ref.pt"
+  check "np$n x batch $b x accum $k: equal to nanoGPT's loop on one process (2e-5), lm_head tied to wte" \
+    ref compare "$d.ref.pt" "$d.state.pt" 2e-5
+done
+check "accumulation matters: 2 x 2 x 2 differs from 1 x 4 x 1 (other windows per step)" \
+  bash -c "! '$DEBIAN_PYTHON' '$(dirname "$0")/../python/nanogpt_ref.py' compare '$tmp/np1.ref.pt' '$tmp/np2.ref.pt' 1e-4 >/dev/null"
+
+# Export: loads strictly into nanoGPT's GPT; its loss on the validation windows there equals
+# mpiddp's final test loss (the mean over every position of every window, whatever the ranks).
+check "export loads strictly into nanoGPT's GPT" ref strict-load "$tmp/np3.state.pt"
+want=$(ref loss "$tmp/np3.state.pt" "$val" 16)
+got=$("$DEBIAN_PYTHON" -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if '\"epoch\"' in l][-1]['test_loss'])" "$tmp/np3.json")
+check "np3: mpiddp's test loss $got = Python's loss of the export $want (1e-4)" \
+  "$DEBIAN_PYTHON" -c "import sys; sys.exit(abs(float(sys.argv[1]) - float(sys.argv[2])) > 1e-4)" "$got" "$want"
+
+# Bad input: one line from every rank, nothing hung.
+printf 'not a shard' >"$tmp/bad.bin"
+for n in 1 3; do
+  run_np "$n" "$mpiddp" train "${gpt[@]}" --data "$tmp/bad.bin" --max-steps 1
+  check "np$n: a malformed shard is a one-line error naming it" \
+    bash -c "[ $rc -ne 0 ] && grep -q 'bad.bin' <<<\"\$0\"" "$err"
+  not_timed_out
+  run_np "$n" "$mpiddp" train --model gpt --n-layer 1 --n-head 2 --n-embd 8 --block-size 16 --vocab-size 100 \
+    --data "$train" --max-steps 1
+  check "np$n: a token outside --vocab-size is named" bash -c "[ $rc -ne 0 ] && grep -q 'outside a vocabulary of 100' <<<\"\$0\"" "$err"
+  run_np "$n" "$mpiddp" train --model gpt --n-head 3 --n-embd 32 --data "$train" --max-steps 1
+  check "np$n: n_embd not a multiple of n_head" bash -c "[ $rc -ne 0 ] && grep -q 'multiple of its heads' <<<\"\$0\"" "$err"
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
