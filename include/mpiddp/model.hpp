@@ -21,6 +21,11 @@ class Model {
   virtual ~Model() = default;
   /// One batch of inputs to the outputs the loss takes.
   virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+  /// A model that computes its own loss, as nanoGPT's GPT: forward(input, targets) returns
+  /// (outputs, loss), the loss a scalar (TrainerOptions::model_loss, `--loss model`). The default
+  /// throws mpiddp::Error: the model has no such forward.
+  virtual std::pair<torch::Tensor, torch::Tensor> forward_with_loss(const torch::Tensor& input,
+                                                                    const torch::Tensor& targets);
   /// Every parameter and buffer, with its dotted name (as PyTorch's state_dict names it).
   virtual NamedTensors named_parameters() const = 0;
   virtual NamedTensors named_buffers() const = 0;

@@ -94,6 +94,9 @@ struct TrainerOptions {
   int prefetch_batches = 2;
   c10::Device device = c10::kCPU;  ///< where the model trains (it is moved there)
   LossFn loss;                ///< nullptr: default_loss(data)
+  /// Train and evaluate on the loss the model computes itself (Model::forward_with_loss: a
+  /// TorchScript forward(inputs, targets) returning (outputs, loss), as nanoGPT's GPT); `loss` unused.
+  bool model_loss = false;
   LrSchedule lr_schedule;     ///< nullptr: the optimizer's learning rates stay as they are
   /// JSON lines (rank 0, appended): one per epoch ("kind": "epoch") and one per progress line
   /// ("kind": "log", the same numbers as the line). Opened by the constructor.
@@ -197,6 +200,8 @@ class Trainer {
   void check_model_fits_data();
   std::pair<double, double> evaluate();
   torch::Tensor forward(const torch::Tensor& inputs);  ///< under autocast when options say, float32 out
+  /// The outputs and the loss of a batch: the loss function's, or the model's own (model_loss).
+  std::pair<torch::Tensor, torch::Tensor> forward_loss(const torch::Tensor& inputs, const torch::Tensor& targets);
   void set_lr(const StepInfo& at);
   double current_lr() const;
   double micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,

@@ -83,6 +83,26 @@ std::optional<int> agree_on_local_phase(const Runtime& runtime, const std::strin
   return failure_code;
 }
 
+int run_rank0_command(Runtime& runtime, const std::vector<std::string>& args, const Rank0Command& c) {
+  po::variables_map vm;
+  auto parse = [&] {
+    vm = parse_options(c.options, args, c.positional);
+    if (!vm.count("help") && c.check) c.check(vm);
+  };
+  if (auto code = agree_on_local_phase(runtime, c.name, parse)) return *code;
+  if (vm.count("help")) {
+    print_help(runtime, c.usage, c.options);
+    return kExitOk;
+  }
+  std::string report;
+  auto work = [&] {
+    if (runtime.rank() == 0) report = c.work();
+  };
+  if (auto code = agree_on_local_phase(runtime, c.name, work, kExitFailure)) return *code;
+  print_rank0(runtime, report);
+  return kExitOk;
+}
+
 void print_help(const Runtime& runtime, const std::string& usage, const po::options_description& options) {
   std::ostringstream help;
   help << usage << "\n" << options;

@@ -43,6 +43,19 @@ void print_help(const Runtime& runtime, const std::string& usage, const po::opti
 /// Prints `text` on rank 0 only.
 void print_rank0(const Runtime& runtime, const std::string& text);
 
+/// A command whose work is rank 0's alone (data, export, generate): its options are parsed and
+/// checked on every rank (agreed), --help prints `usage` and the table, `work` runs on rank 0 (the
+/// other ranks wait for its verdict) and what it returns is printed there as it is.
+struct Rank0Command {
+  std::string name;  ///< "export": the "mpiddp export: error: ..." lines
+  std::string usage;
+  const po::options_description& options;
+  const po::positional_options_description* positional = nullptr;
+  std::function<void(const po::variables_map&)> check;  ///< after parsing (not with --help); throws on bad input
+  std::function<std::string()> work;
+};
+int run_rank0_command(Runtime& runtime, const std::vector<std::string>& args, const Rank0Command& command);
+
 /// A subcommand: name, one-line summary, and its entry point (args exclude the command name).
 struct Command {
   std::string name;
@@ -55,5 +68,6 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args);
 int run_data(Runtime& runtime, const std::vector<std::string>& args);
 int run_train(Runtime& runtime, const std::vector<std::string>& args);
 int run_export(Runtime& runtime, const std::vector<std::string>& args);
+int run_generate(Runtime& runtime, const std::vector<std::string>& args);
 
 }  // namespace mpiddp::app

@@ -124,61 +124,49 @@ int run_data(Runtime& runtime, const std::vector<std::string>& args) {
       "text: the last fraction of the bytes that goes to the validation shard (0: none)");
   po::positional_options_description positional;
   positional.add("kind", 1);
-  po::variables_map vm;
-  auto parse = [&] {
-    vm = parse_options(options, args, &positional);
-    if (vm.count("help")) return;
-    MPIDDP_CHECK(kind == "fashion-mnist" || kind == "mnist" || kind == "synthetic" || kind == "text",
-                 kind.empty() ? std::string("say what to write: fashion-mnist, mnist, synthetic or text")
-                              : "unknown dataset kind '" + kind + "' (fashion-mnist, mnist, synthetic, text)");
-    MPIDDP_CHECK(!out.empty(), "--out is required");
-    if (kind == "text") {
-      MPIDDP_CHECK(!inputs.empty(), "text: --in FILE... is required");
-      for (const auto& in : inputs) {
-        MPIDDP_CHECK(std::filesystem::is_regular_file(in), "--in '" + in + "' is not a readable file");
-      }
-      MPIDDP_CHECK(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got " +
-                                                              std::to_string(val_fraction));
-      return;
-    }
-    if (kind == "fashion-mnist" && source.empty()) source = kFashionMnistDir;
-    MPIDDP_CHECK(kind == "synthetic" || !source.empty(), "--source is required for " + kind);
-    MPIDDP_CHECK(kind == "synthetic" || std::filesystem::is_directory(source),
-                 "--source '" + source + "' is not a folder");
-    MPIDDP_CHECK(samples > 0 && features > 0 && targets > 0, "--samples, --features and --targets must be > 0");
-  };
-  if (auto code = agree_on_local_phase(runtime, "data", parse)) return *code;
-  if (vm.count("help")) {
-    print_help(runtime,
-               "usage: mpiddp data fashion-mnist|mnist [--source DIR] --out FILE.h5\n"
-            "       mpiddp data synthetic [--samples N] [--features F] [--seed S] --out FILE.h5\n"
-            "       mpiddp data text --in FILE... --out PREFIX [--val-fraction F]\n\n"
-            "Writes datasets in mpiddp's HDF5 layout: /inputs [N, ...] (uint8 with a scale attribute, or\n"
-            "float32), /targets [N] int64 classes or [N, k] float32, file attributes task and num_classes.\n"
-            "synthetic is the seeds' regression set: inputs and targets uniform in [0, 1).\n"
-            "text writes llm.c token shards of the files' bytes (vocabulary 256): PREFIX_train_000001.bin, ...\n"
-            "(at most 100M tokens each) and PREFIX_val_000000.bin, the last --val-fraction of the bytes.\n\n",
-               options);
-    return kExitOk;
-  }
-  std::string report;
-  auto work = [&] {
-    if (runtime.rank() != 0) return;
-    if (kind == "text") {
-      report = write_text_shards(inputs, out, val_fraction);
-    } else if (kind == "synthetic") {
-      torch::manual_seed(seed);
-      auto x = torch::rand({samples, features});
-      auto y = torch::rand({samples, targets});
-      write_dataset(out, x, y, 1.0, 0, "mpiddp data synthetic --seed " + std::to_string(seed));
-      report = describe(out);
-    } else {
-      report = convert_idx(source, out, kind);
-    }
-  };
-  if (auto code = agree_on_local_phase(runtime, "data", work, kExitFailure)) return *code;
-  print_rank0(runtime, report);
-  return kExitOk;
+  return run_rank0_command(
+      runtime, args,
+      {"data",
+       "usage: mpiddp data fashion-mnist|mnist [--source DIR] --out FILE.h5\n"
+       "       mpiddp data synthetic [--samples N] [--features F] [--seed S] --out FILE.h5\n"
+       "       mpiddp data text --in FILE... --out PREFIX [--val-fraction F]\n\n"
+       "Writes datasets in mpiddp's HDF5 layout: /inputs [N, ...] (uint8 with a scale attribute, or\n"
+       "float32), /targets [N] int64 classes or [N, k] float32, file attributes task and num_classes.\n"
+       "synthetic is the seeds' regression set: inputs and targets uniform in [0, 1).\n"
+       "text writes llm.c token shards of the files' bytes (vocabulary 256): PREFIX_train_000001.bin, ...\n"
+       "(at most 100M tokens each) and PREFIX_val_000000.bin, the last --val-fraction of the bytes.\n\n",
+       options, &positional,
+       [&](const po::variables_map&) {
+         MPIDDP_CHECK(kind == "fashion-mnist" || kind == "mnist" || kind == "synthetic" || kind == "text",
+                      kind.empty() ? std::string("say what to write: fashion-mnist, mnist, synthetic or text")
+                                   : "unknown dataset kind '" + kind + "' (fashion-mnist, mnist, synthetic, text)");
+         MPIDDP_CHECK(!out.empty(), "--out is required");
+         if (kind == "text") {
+           MPIDDP_CHECK(!inputs.empty(), "text: --in FILE... is required");
+           for (const auto& in : inputs) {
+             MPIDDP_CHECK(std::filesystem::is_regular_file(in), "--in '" + in + "' is not a readable file");
+           }
+           MPIDDP_CHECK(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got " +
+                                                                   std::to_string(val_fraction));
+           return;
+         }
+         if (kind == "fashion-mnist" && source.empty()) source = kFashionMnistDir;
+         MPIDDP_CHECK(kind == "synthetic" || !source.empty(), "--source is required for " + kind);
+         MPIDDP_CHECK(kind == "synthetic" || std::filesystem::is_directory(source),
+                      "--source '" + source + "' is not a folder");
+         MPIDDP_CHECK(samples > 0 && features > 0 && targets > 0, "--samples, --features and --targets must be > 0");
+       },
+       [&] {
+         if (kind == "text") return write_text_shards(inputs, out, val_fraction);
+         if (kind == "synthetic") {
+           torch::manual_seed(seed);
+           auto x = torch::rand({samples, features});
+           auto y = torch::rand({samples, targets});
+           write_dataset(out, x, y, 1.0, 0, "mpiddp data synthetic --seed " + std::to_string(seed));
+           return describe(out);
+         }
+         return convert_idx(source, out, kind);
+       }});
 }
 
 }  // namespace mpiddp::app

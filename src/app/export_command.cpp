@@ -110,35 +110,26 @@ int run_export(Runtime& runtime, const std::vector<std::string>& args) {
       "auto (torchscript for a TorchScript model, else state-dict) | torchscript | state-dict");
   po::positional_options_description positional;
   positional.add("snapshot", 1);
-  po::variables_map vm;
-  auto parse = [&] {
-    vm = parse_options(options, args, &positional);
-    if (vm.count("help")) return;
-    MPIDDP_CHECK(!snapshot.empty(), "say which snapshot to export (mpiddp export SNAPSHOT --out FILE)");
-    MPIDDP_CHECK(!out.empty(), "--out is required");
-    MPIDDP_CHECK(format == "auto" || format == "torchscript" || format == "state-dict",
-                 "unknown --format '" + format + "' (auto, torchscript, state-dict)");
-  };
-  if (auto code = agree_on_local_phase(runtime, "export", parse)) return *code;
-  if (vm.count("help")) {
-    print_help(runtime,
-               "usage: mpiddp export SNAPSHOT --out FILE [--format auto|torchscript|state-dict]\n\n"
-            "Writes a snapshot's trained model for Python: a TorchScript model as its module with the\n"
-            "trained weights (torch.jit.load(FILE)), any model as a state_dict\n"
-            "(model.load_state_dict(torch.load(FILE))). The snapshot is verified first.\n\n",
-               options);
-    return kExitOk;
-  }
-  std::string report;
-  auto work = [&] {
-    if (runtime.rank() != 0) return;
-    const Snapshot s = read_snapshot(snapshot);  // verified: a damaged file is refused here
-    const bool script = format == "torchscript" || (format == "auto" && s.tensors.count("torchscript"));
-    report = "mpiddp export: wrote " + out + ": " + (script ? export_torchscript(s, snapshot, out) : export_state_dict(s, out));
-  };
-  if (auto code = agree_on_local_phase(runtime, "export", work, kExitFailure)) return *code;
-  print_rank0(runtime, report);
-  return kExitOk;
+  return run_rank0_command(
+      runtime, args,
+      {"export",
+       "usage: mpiddp export SNAPSHOT --out FILE [--format auto|torchscript|state-dict]\n\n"
+       "Writes a snapshot's trained model for Python: a TorchScript model as its module with the\n"
+       "trained weights (torch.jit.load(FILE)), any model as a state_dict\n"
+       "(model.load_state_dict(torch.load(FILE))). The snapshot is verified first.\n\n",
+       options, &positional,
+       [&](const po::variables_map&) {
+         MPIDDP_CHECK(!snapshot.empty(), "say which snapshot to export (mpiddp export SNAPSHOT --out FILE)");
+         MPIDDP_CHECK(!out.empty(), "--out is required");
+         MPIDDP_CHECK(format == "auto" || format == "torchscript" || format == "state-dict",
+                      "unknown --format '" + format + "' (auto, torchscript, state-dict)");
+       },
+       [&] {
+         const Snapshot s = read_snapshot(snapshot);  // verified: a damaged file is refused here
+         const bool script = format == "torchscript" || (format == "auto" && s.tensors.count("torchscript"));
+         return "mpiddp export: wrote " + out + ": " +
+                (script ? export_torchscript(s, snapshot, out) : export_state_dict(s, out)) + "\n";
+       }});
 }
 
 }  // namespace mpiddp::app

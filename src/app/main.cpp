@@ -23,7 +23,8 @@ const std::vector<mpiddp::app::Command>& commands() {
       {"train", "data-parallel training of a built-in model or a TorchScript file on an HDF5 dataset",
        mpiddp::app::run_train},
       {"export", "write a snapshot's model for Python (TorchScript module or state_dict)", mpiddp::app::run_export},
-      {"data", "write datasets in mpiddp's HDF5 layout (fashion-mnist, mnist, synthetic)", mpiddp::app::run_data},
+      {"generate", "continue a prompt with a built-in GPT's snapshot (nanoGPT's sampling)", mpiddp::app::run_generate},
+      {"data", "write datasets: mpiddp's HDF5 layout (fashion-mnist, mnist, synthetic), llm.c token shards (text)", mpiddp::app::run_data},
   };
   return list;
 }

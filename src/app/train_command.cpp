@@ -78,8 +78,8 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   if (c.model == "gpt") c.gpt.validate();
   MPIDDP_CHECK(c.init_from.empty() || std::filesystem::is_regular_file(c.init_from),
                "--init-from: state_dict file '" + c.init_from + "' does not exist");
-  MPIDDP_CHECK(c.loss == "auto" || c.loss == "cross-entropy" || c.loss == "mse",
-               "unknown --loss '" + c.loss + "' (auto, cross-entropy, mse)");
+  MPIDDP_CHECK(c.loss == "auto" || c.loss == "cross-entropy" || c.loss == "mse" || c.loss == "model",
+               "unknown --loss '" + c.loss + "' (auto, cross-entropy, mse, model)");
   MPIDDP_CHECK(c.device == "cpu" || c.device == "cuda", "unknown --device '" + c.device + "' (cpu, cuda)");
   MPIDDP_CHECK(c.threads >= 0, "--threads must be >= 0");
   const auto built = available_backends();
@@ -157,7 +157,8 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "linear | mlp | cnn (PyTorch's MNIST example net) | gpt (nanoGPT's GPT; token data) | FILE.pt (a TorchScript "
       "module saved from Python)")(
       "loss", po::value(&c.loss)->default_value("auto"),
-      "auto (cross-entropy for class labels, mse for regression) | cross-entropy | mse")(
+      "auto (cross-entropy for class labels and tokens, mse for regression) | cross-entropy | mse | model (a "
+      "TorchScript forward(inputs, targets) returns (outputs, loss), as nanoGPT's GPT)")(
       "data", po::value(&t.data),
       "training set: an HDF5 file (see `mpiddp data`) or token shards (llm.c's .bin; names and globs, comma-separated)")(
       "test-data", po::value(&t.test_data), "test set, evaluated after each epoch and at the run's end")(
@@ -263,6 +264,7 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     t.block_size = c.gpt.block_size;
     if (c.loss == "cross-entropy") t.loss = cross_entropy_loss();
     if (c.loss == "mse") t.loss = mse_loss();
+    t.model_loss = c.loss == "model";
     // Never oversubscribe: the cores of this node shared among its ranks.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads = c.threads > 0 ? c.threads : std::max(1, cores / runtime.local_size());

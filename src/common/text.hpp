@@ -5,6 +5,7 @@
 
 #include <c10/util/ArrayRef.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -24,6 +25,23 @@ inline std::string rank_list(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
   return s;
+}
+
+/// Whether `s` ends with `tail`.
+inline bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+/// `text` cut at each `separator`, empty pieces dropped ("a,,b" -> a, b).
+inline std::vector<std::string> split_list(const std::string& text, char separator = ',') {
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (from <= text.size()) {
+    const size_t to = std::min(text.find(separator, from), text.size());
+    if (to > from) out.push_back(text.substr(from, to - from));
+    from = to + 1;
+  }
+  return out;
 }
 
 /// The first line of a (library's multi-line) message.

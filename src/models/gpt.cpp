@@ -8,9 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/text.hpp"
+
 namespace mpiddp {
 
 namespace nn = torch::nn;
+
+using detail::ends_with;
 
 namespace {
 
@@ -171,14 +175,11 @@ GptImpl::GptImpl(const GptConfig& config) : config_(config), parts_(std::make_sh
   for (auto& item : named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     auto& p = item.value();
-    const bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
-    const bool is_norm = name.find(".ln_") != std::string::npos;
-    const bool is_residual = name.size() >= 14 && name.compare(name.size() - 14, 14, "c_proj.weight") == 0;
-    if (is_norm) continue;  // LayerNorm: ones and zeros, as built
-    if (is_bias) {
+    if (name.find(".ln_") != std::string::npos) continue;  // LayerNorm: ones and zeros, as built
+    if (ends_with(name, ".bias")) {
       p.zero_();
     } else {
-      p.normal_(0.0, is_residual ? residual_std : 0.02);
+      p.normal_(0.0, ends_with(name, ".c_proj.weight") ? residual_std : 0.02);
     }
   }
 }

@@ -45,6 +45,15 @@ class ScriptModel final : public Model {
  public:
   ScriptModel(torch::jit::Module module, std::string bytes, std::string name)
       : module_(std::move(module)), bytes_(std::move(bytes)), name_(std::move(name)) {}
+  std::pair<torch::Tensor, torch::Tensor> forward_with_loss(const torch::Tensor& input,
+                                                            const torch::Tensor& targets) override {
+    auto out = module_.forward({input, targets});
+    const bool pair = out.isTuple() && out.toTupleRef().elements().size() == 2 &&
+                      out.toTupleRef().elements()[0].isTensor() && out.toTupleRef().elements()[1].isTensor();
+    MPIDDP_CHECK(pair, "the TorchScript model '" + name_ + "' returned " + out.tagKind() +
+                           " from forward(inputs, targets), not a tuple (outputs, loss)");
+    return {out.toTupleRef().elements()[0].toTensor(), out.toTupleRef().elements()[1].toTensor()};
+  }
   torch::Tensor forward(const torch::Tensor& input) override {
     auto out = module_.forward({input});
     MPIDDP_CHECK(out.isTensor(), "the TorchScript model '" + name_ + "' returned " + out.tagKind() +
@@ -111,6 +120,11 @@ std::shared_ptr<Model> load_torchscript(const std::string& path) {
   bytes << in.rdbuf();
   MPIDDP_CHECK(in.good() || in.eof(), "cannot read TorchScript file '" + path + "'");
   return load_torchscript_bytes(bytes.str(), path);
+}
+
+std::pair<torch::Tensor, torch::Tensor> Model::forward_with_loss(const torch::Tensor&, const torch::Tensor&) {
+  MPIDDP_THROW("the model (" + description() + ") does not compute its own loss (forward(inputs, targets) -> "
+               "(outputs, loss)): train it with a loss function instead");
 }
 
 void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& prefix) {

@@ -3,30 +3,13 @@
 #include <mpiddp/tokens.hpp>
 #include <mpiddp/trainer.hpp>
 
-#include <sstream>
+#include "common/text.hpp"
 
 namespace mpiddp {
 
-namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-std::vector<std::string> comma_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-}  // namespace
-
 std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const TrainerOptions& o) {
   const bool hdf5 = o.data_format == "hdf5" ||
-                    (o.data_format == "auto" && (ends_with(source, ".h5") || ends_with(source, ".hdf5")));
+                    (o.data_format == "auto" && (detail::ends_with(source, ".h5") || detail::ends_with(source, ".hdf5")));
   if (hdf5) {
     auto set = std::make_unique<H5Dataset>(source);
     set->cache(o.cache_bytes);
@@ -35,7 +18,7 @@ std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const Trai
   MPIDDP_CHECK(o.block_size > 0, "token data '" + source + "' needs a block size (TrainerOptions::block_size, "
                                      "--block-size): the tokens of each sample's input");
   const auto format = o.data_format == "raw-uint16" ? TokenFormat::kRawUint16 : TokenFormat::kLlmc;
-  auto stream = std::make_shared<const TokenStream>(comma_list(source), format);
+  auto stream = std::make_shared<const TokenStream>(detail::split_list(source), format);
   return std::make_unique<TokenWindows>(std::move(stream), o.block_size, source);
 }
 

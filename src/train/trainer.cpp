@@ -142,8 +142,12 @@ void Trainer::check_model_fits_data() {
   } back{*model_};
   model_->train(false);
   try {
-    Autocast autocast(o.device, o.precision);
-    out = model_->forward(probe.inputs.to(o.device));
+    if (o.model_loss) {
+      out = forward_loss(probe.inputs.to(o.device), torch::zeros_like(probe.targets).to(o.device)).first;
+    } else {
+      Autocast autocast(o.device, o.precision);
+      out = model_->forward(probe.inputs.to(o.device));
+    }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -176,17 +180,34 @@ Trainer::~Trainer() = default;
 
 const DatasetInfo& Trainer::data_info() const { return train_->info(); }
 
+namespace {
+// The loss (and whoever reads the outputs) sees float32, whatever autocast ran in.
+torch::Tensor as_float32(const torch::Tensor& t) {
+  return t.is_floating_point() && t.scalar_type() != c10::kFloat ? t.to(c10::kFloat) : t;
+}
+}  // namespace
+
 torch::Tensor Trainer::forward(const torch::Tensor& inputs) {
   torch::Tensor out;
   {
     Autocast autocast(options_.device, options_.precision);
     out = model_->forward(inputs);
   }
-  // The loss (the caller's function) sees float32 outputs, whatever autocast ran in.
-  if (options_.precision != c10::kFloat && out.is_floating_point() && out.scalar_type() != c10::kFloat) {
-    out = out.to(c10::kFloat);
+  return as_float32(out);
+}
+
+std::pair<torch::Tensor, torch::Tensor> Trainer::forward_loss(const torch::Tensor& inputs, const torch::Tensor& targets) {
+  if (!options_.model_loss) {
+    auto out = forward(inputs);
+    return {out, options_.loss(out, targets)};
   }
-  return out;
+  std::pair<torch::Tensor, torch::Tensor> out;
+  {
+    Autocast autocast(options_.device, options_.precision);
+    out = model_->forward_with_loss(inputs, targets);
+  }
+  MPIDDP_CHECK(out.second.numel() == 1, "the model's own loss must be a scalar, got " + shape_text(out.second.sizes()));
+  return {as_float32(out.first), as_float32(out.second)};
 }
 
 void Trainer::set_lr(const StepInfo& at) {
@@ -217,9 +238,9 @@ std::pair<double, double> Trainer::evaluate() {
   double loss_sum = 0, correct = 0;
   for (int64_t b = begin; b < end; b += batch) {
     auto e = test_->read_range(b, std::min(batch, end - b));
-    auto out = forward(e.inputs.to(device));
     auto y = e.targets.to(device);
-    loss_sum += options_.loss(out, y).item<double>() * static_cast<double>(y.size(0));
+    const auto [out, loss] = forward_loss(e.inputs.to(device), y);
+    loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
     if (info.classification) correct += out.argmax(-1).eq(y).sum().item<double>();
   }
   auto sums = torch::tensor({loss_sum, correct}, torch::kDouble).to(device);
@@ -314,8 +335,9 @@ double Trainer::micro_steps(const std::vector<Example>& micro_batches, Distribut
   bool finite = true;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const Example& e = micro_batches[i];
-    auto out = forward(device.is_cpu() ? e.inputs : e.inputs.to(device, /*non_blocking=*/true));
-    auto loss = options_.loss(out, device.is_cpu() ? e.targets : e.targets.to(device, /*non_blocking=*/true));
+    auto loss = forward_loss(device.is_cpu() ? e.inputs : e.inputs.to(device, /*non_blocking=*/true),
+                             device.is_cpu() ? e.targets : e.targets.to(device, /*non_blocking=*/true))
+                    .second;
     const double value = loss.item<double>();
     loss_sum += value;
     finite = finite && std::isfinite(value);

@@ -13,8 +13,11 @@ Runs on Debian's python3-torch 1.13 and on newer torch (the attention is the exp
   compare REF.pt STATE_DICT.pt TOL         every tensor within TOL (max abs), lm_head tied to wte in both
   strict-load STATE_DICT.pt                loads into this GPT with load_state_dict(strict=True)
   loss STATE_DICT.pt SHARD T               mean cross-entropy over every position of every window
-  generate STATE_DICT.pt PROMPT N          greedy (top_k=1) continuation of the bytes of PROMPT
-  script OUT.pt SEED L H C T V BIAS        the same GPT scripted, forward(idx, targets) -> (logits, loss)
+  generate STATE_DICT.pt PROMPT N [TOP_K TEMPERATURE SEED]
+                                           continuation of the bytes of PROMPT: greedy (top_k=1) by
+                                           default, else drawn after torch.manual_seed(SEED)
+  script OUT.pt SEED L H C T V BIAS        the same GPT scripted, forward(idx, targets) -> (logits, loss);
+                                           its initial state_dict in OUT.pt.init
 """
 import math
 import sys
@@ -261,10 +264,11 @@ def loss(path, shard, t, n_head="2"):
     print(f"{total / n:.8f}")
 
 
-def generate(path, prompt, n, n_head="2"):
+def generate(path, prompt, n, top_k="1", temperature="1.0", seed="1337", n_head="2"):
     model = model_from_state(path, int(n_head)).eval()
     idx = torch.tensor([list(prompt.encode())], dtype=torch.long)
-    out = model.generate(idx, int(n), top_k=1)
+    torch.manual_seed(int(seed))
+    out = model.generate(idx, int(n), temperature=float(temperature), top_k=int(top_k) or None)
     sys.stdout.buffer.write(bytes(out[0].tolist()))
 
 
@@ -280,7 +284,9 @@ class ScriptedGPT(GPT):
 
 def script(out, seed, *shape):
     torch.manual_seed(int(seed))
-    torch.jit.script(ScriptedGPT(config_from(shape))).save(out)
+    model = ScriptedGPT(config_from(shape))
+    torch.save(dict(model.state_dict()), out + ".init")
+    torch.jit.script(model).save(out)
 
 
 if __name__ == "__main__":

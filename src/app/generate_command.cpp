@@ -1,0 +1,141 @@
+// `mpiddp generate`: text from a built-in GPT's snapshot by nanoGPT's sampling rule (GptImpl::
+// generate). The snapshot holds the model's shape (the run's options, "gpt"), so no shape flags.
+// Tokens come out as bytes for a byte vocabulary, as text through an llm.c tokenizer file, else
+// as token ids.
+#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/error.hpp>
+#include <mpiddp/gpt.hpp>
+#include <mpiddp/model.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "app/cli.hpp"
+#include "common/text.hpp"
+
+namespace mpiddp::app {
+
+namespace {
+
+constexpr uint32_t kTokenizerMagic = 20240328;  // llm.c's tokenizer.bin (train_gpt2.py writes it)
+
+// llm.c's tokenizer file: a header of 256 uint32 ([0] magic, [1] version 1 or 2, [2] vocabulary
+// size, [3] the end-of-text token in version 2), then per token its length (one byte) and bytes.
+// Only decoding is possible from it (it holds no merges).
+std::vector<std::string> read_tokenizer(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MPIDDP_CHECK(in.good(), "cannot open tokenizer '" + path + "'");
+  std::vector<uint32_t> header(256);
+  in.read(reinterpret_cast<char*>(header.data()), 1024);
+  MPIDDP_CHECK(in.gcount() == 1024 && header[0] == kTokenizerMagic && (header[1] == 1 || header[1] == 2),
+               "'" + path + "' is not an llm.c tokenizer file (magic 20240328, version 1 or 2)");
+  std::vector<std::string> table(header[2]);
+  for (auto& token : table) {
+    unsigned char length = 0;
+    in.read(reinterpret_cast<char*>(&length), 1);
+    token.resize(length);
+    in.read(token.data(), length);
+    MPIDDP_CHECK(in.good() && length > 0, "tokenizer '" + path + "' is truncated or has an empty token");
+  }
+  return table;
+}
+
+// The GPT of a snapshot written by `mpiddp train --model gpt`, with its trained weights.
+Gpt gpt_of(const Snapshot& s, const std::string& name) {
+  const auto it = s.texts.find("config");
+  const auto options = nlohmann::json::parse(it == s.texts.end() ? "" : it->second, nullptr, false);
+  MPIDDP_CHECK(options.is_object() && options.contains("gpt"),
+               "snapshot '" + name + "' is not of a built-in GPT (mpiddp train --model gpt)");
+  Gpt gpt(GptConfig::from_json(options["gpt"].dump()));
+  try {
+    load_named(*wrap_module(gpt), s.tensors, "model/");
+  } catch (const Error& e) {
+    MPIDDP_THROW("snapshot '" + name + "': " + e.message());
+  }
+  gpt->eval();
+  return gpt;
+}
+
+std::vector<int64_t> token_list(const std::string& text) {
+  std::vector<int64_t> ids;
+  for (const auto& item : detail::split_list(text)) {
+    size_t used = 0;
+    try {
+      ids.push_back(std::stoll(item, &used));
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MPIDDP_CHECK(used == item.size() && used > 0, "--prompt-tokens takes token ids separated by commas, got '" + text + "'");
+  }
+  return ids;
+}
+
+}  // namespace
+
+int run_generate(Runtime& runtime, const std::vector<std::string>& args) {
+  std::string snapshot, prompt, prompt_tokens, tokenizer;
+  int64_t max_new_tokens = 200, top_k = 0;
+  double temperature = 1.0;
+  uint64_t seed = 1337;
+  po::options_description options("mpiddp generate options");
+  options.add_options()("help,h", "show this help")("snapshot", po::value(&snapshot), "a snapshot of a --model gpt run")(
+      "prompt", po::value(&prompt), "the text to continue (its bytes: a byte-level vocabulary)")(
+      "prompt-tokens", po::value(&prompt_tokens), "the prompt as token ids, comma-separated (any vocabulary)")(
+      "max-new-tokens", po::value(&max_new_tokens)->default_value(200), "tokens to generate")(
+      "temperature", po::value(&temperature)->default_value(1.0), "divides the logits (< 1: surer, > 1: wilder)")(
+      "top-k", po::value(&top_k)->default_value(0), "draw from the k likeliest tokens only (0: all; 1: greedy)")(
+      "seed", po::value(&seed)->default_value(1337), "seed of the draws")(
+      "tokenizer", po::value(&tokenizer), "llm.c's tokenizer file (gpt2_tokenizer.bin): print text, not token ids");
+  po::positional_options_description positional;
+  positional.add("snapshot", 1);
+  return run_rank0_command(
+      runtime, args,
+      {"generate",
+       "usage: mpiddp generate SNAPSHOT --prompt TEXT | --prompt-tokens ID,... [--max-new-tokens N]\n"
+       "       [--temperature T] [--top-k K] [--seed S] [--tokenizer gpt2_tokenizer.bin]\n\n"
+       "Continues a prompt with a built-in GPT's snapshot by nanoGPT's rule: crop to the block size,\n"
+       "the last position's logits / T, the top K, softmax, one draw; repeated N times. Writes the\n"
+       "prompt and what follows to stdout: as bytes for a byte vocabulary (mpiddp data text), as text\n"
+       "with --tokenizer, else as token ids.\n\n",
+       options, &positional,
+       [&](const po::variables_map&) {
+         MPIDDP_CHECK(!snapshot.empty(), "say which snapshot to generate from (mpiddp generate SNAPSHOT --prompt TEXT)");
+         MPIDDP_CHECK(prompt.empty() != prompt_tokens.empty(), "give the prompt once: --prompt TEXT or --prompt-tokens IDS");
+         MPIDDP_CHECK(max_new_tokens >= 0, "--max-new-tokens must be >= 0");
+         MPIDDP_CHECK(temperature > 0, "--temperature must be > 0");
+         MPIDDP_CHECK(top_k >= 0, "--top-k must be >= 0 (0: all tokens)");
+       },
+       [&] {
+         const Snapshot s = read_snapshot(snapshot);
+         auto gpt = gpt_of(s, snapshot);
+         const int64_t vocab = gpt->config().vocab_size;
+         std::vector<int64_t> ids = prompt_tokens.empty() ? std::vector<int64_t>(prompt.begin(), prompt.end())
+                                                          : token_list(prompt_tokens);
+         for (auto& id : ids) {
+           if (prompt_tokens.empty()) id &= 0xFF;  // bytes, not signed chars
+           MPIDDP_CHECK(id >= 0 && id < vocab, "prompt token " + std::to_string(id) + " is outside the model's vocabulary of " +
+                                                   std::to_string(vocab));
+         }
+         const auto table = tokenizer.empty() ? std::vector<std::string>() : read_tokenizer(tokenizer);
+         torch::manual_seed(seed);
+         const auto out = gpt->generate(torch::tensor(ids, torch::kLong).unsqueeze(0), max_new_tokens, temperature, top_k);
+         std::string text;
+         for (int64_t i = 0; i < out.size(1); ++i) {
+           const auto id = out[0][i].item<int64_t>();
+           if (!table.empty()) {
+             MPIDDP_CHECK(id < static_cast<int64_t>(table.size()), "token " + std::to_string(id) + " is not in the tokenizer");
+             text += table[static_cast<size_t>(id)];
+           } else if (vocab <= 256) {
+             text += static_cast<char>(id);
+           } else {
+             text += (i ? " " : "") + std::to_string(id);
+           }
+         }
+         return table.empty() && vocab > 256 ? text + "\n" : text;
+       }});
+}
+
+}  // namespace mpiddp::app
