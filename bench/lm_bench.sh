@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Language-model throughput and memory, side by side in one call: mpiddp's built-in GPT against
+# nanoGPT's GPT under PyTorch DDP (gloo, started by mpirun; bench/python_gpt_ddp.py), on the stacks
+# of bench/train_bench.sh (debian12: libtorch/python3-torch 1.13; sid: 2.14 in the chroot), 2 ranks
+# x 1 thread, rounds interleaved. The shape is the issue's: 4 layers x 4 heads x 256 wide, block
+# 128, micro-batch 4, accumulation 2, AdamW (0.9, 0.95, decay 0.1 on matrices), clip 1.0, on a byte
+# vocabulary (llm.c shards of a text Debian ships). tokens/s is the wall-clock marginal of two run
+# lengths, (tokens of the long - of the short) / (seconds of the long - of the short), so start-up
+# cancels; peak RSS is each rank's maximum resident set (GNU time) in the long run.
+#   usage: bench/lm_bench.sh [BUILD_DIR] [ROUNDS]    (MPIDDP_BENCH_STACKS=debian12 for one stack)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+rounds=${2:-3}
+out=${OUT_DIR:-$build/bench-lm}
+stacks=${MPIDDP_BENCH_STACKS:-debian12 sid}
+mkdir -p "$out"
+bash scripts/deps.sh python3-torch time >&2
+bash scripts/build.sh "$build" >&2
+if [[ " $stacks " == *" sid "* ]]; then bash scripts/chroot.sh -- bash scripts/build.sh build-sid >&2; fi
+[ -s "$out/text_train_000001.bin" ] || "$build/mpiddp" data text --in /usr/share/common-licenses/GPL-3 \
+  /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/GFDL-1.3 --out "$out/text" >&2
+: >"$out/results.jsonl"
+for round in $(seq 1 "$rounds"); do
+  for stack in $stacks; do
+    case $stack in
+      debian12) bash bench/lm_round.sh debian12 "$build" "$round" "$out" ;;
+      sid) bash scripts/chroot.sh -- bash bench/lm_round.sh sid build-sid "$round" "$out" ;;
+    esac
+  done
+done
+/usr/bin/python3 - "$out/results.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("| stack | round | mpiddp tokens/s | Python DDP tokens/s | ratio | peak RSS per rank, MiB (mpiddp / Python) |")
+print("|---|---|---|---|---|---|")
+ratios = {}
+for stack in sorted({r["stack"] for r in rows}):
+    for rnd in sorted({r["round"] for r in rows if r["stack"] == stack}):
+        rate, rss = {}, {}
+        for who in ("mpiddp", "python"):
+            runs = sorted((r for r in rows if r["stack"] == stack and r["round"] == rnd and r["who"] == who),
+                          key=lambda r: r["steps"])
+            short, long = runs[0], runs[-1]
+            rate[who] = (long["tokens"] - short["tokens"]) / (long["seconds"] - short["seconds"])
+            rss[who] = max(long["rss_kib"]) / 1024
+        ratios.setdefault(stack, []).append(rate["mpiddp"] / rate["python"])
+        print(f"| {stack} | {rnd} | {rate['mpiddp']:.0f} | {rate['python']:.0f} | {rate['mpiddp'] / rate['python']:.2f} "
+              f"| {rss['mpiddp']:.0f} / {rss['python']:.0f} |")
+for stack, r in ratios.items():
+    print(f"{stack}: median mpiddp / Python tokens/s {statistics.median(r):.2f} over {len(r)} round(s)")
+PY
