@@ -43,6 +43,31 @@ done
 check "accumulation matters: 2 x 2 x 2 differs from 1 x 4 x 1 (other windows per step)" \
   bash -c "! '$DEBIAN_PYTHON' '$(dirname "$0")/../python/nanogpt_ref.py' compare '$tmp/np1.ref.pt' '$tmp/np2.ref.pt' 1e-4 >/dev/null"
 
+# nanoGPT's headerless train.bin (--data-format raw-uint16: the same tokens without llm.c's 1024-byte
+# header) trains bitwise as the shard does.
+tail -c +1025 "$train" >"$tmp/train.bin"
+run_np 1 "$mpiddp" train "${gpt[@]}" "${opt[@]}" --data "$tmp/train.bin" --data-format raw-uint16 --no-shuffle \
+  --batch-size 4 --max-steps $steps --threads 1 --snapshot-dir "$tmp/raw"
+run_alone "$mpiddp" export "$tmp/raw/latest.h5" --out "$tmp/raw.state.pt" --format state-dict
+check "raw-uint16 train.bin trains bitwise as the llm.c shard of the same tokens" ref compare "$tmp/np1.state.pt" "$tmp/raw.state.pt" 0
+run_np 1 "$mpiddp" train "${gpt[@]}" --data "$tmp/train.bin" --max-steps 1
+check "a headerless file is not guessed: llm.c's format is refused by name" bash -c "[ $rc -ne 0 ] && grep -q 'train.bin' <<<\"\$0\"" "$err"
+
+# Resume: a run stopped after 3 of 6 steps and resumed (shuffled windows, accumulation, the
+# schedule's position, AdamW's moments, the RNG) ends bitwise where the uninterrupted run ends.
+resume_run() {  # DIR STEPS
+  run_np 2 "$mpiddp" train "${gpt[@]}" "${opt[@]}" --data "$train" --batch-size 2 --grad-accum 2 --max-steps "$2" \
+    --threads 1 --snapshot-dir "$1" --save-every-steps 3 --keep 0 --dropout 0.1 --seed 4
+}
+resume_run "$tmp/whole" 6
+run_alone "$mpiddp" export "$tmp/whole/latest.h5" --out "$tmp/whole.pt" --format state-dict
+cp -r "$tmp/whole" "$tmp/part"
+rm "$tmp/part/snapshot-step0000000006.h5"  # as if stopped after step 3's snapshot
+resume_run "$tmp/part" 6
+check "resumed run: 'Resuming' said" contains "Resuming training from snapshot at Epoch 1, step 3" "$out"
+run_alone "$mpiddp" export "$tmp/part/latest.h5" --out "$tmp/part.pt" --format state-dict
+check "stopped at step 3 and resumed: bitwise the uninterrupted run (dropout on), still tied" ref compare "$tmp/whole.pt" "$tmp/part.pt" 0
+
 # Export: loads strictly into nanoGPT's GPT; its loss on the validation windows there equals
 # mpiddp's final test loss (the mean over every position of every window, whatever the ranks).
 check "export loads strictly into nanoGPT's GPT" ref strict-load "$tmp/np3.state.pt"
