@@ -17,7 +17,9 @@ stacks=${MPIDDP_BENCH_STACKS:-debian12 sid}
 mkdir -p "$out"
 bash scripts/deps.sh python3-torch time >&2
 bash scripts/build.sh "$build" >&2
-if [[ " $stacks " == *" sid "* ]]; then bash scripts/chroot.sh -- bash scripts/build.sh build-sid >&2; fi
+if [[ " $stacks " == *" sid "* ]]; then
+  bash scripts/chroot.sh -- bash -c 'bash scripts/deps.sh python3-torch time && bash scripts/build.sh build-sid' >&2
+fi
 [ -s "$out/text_train_000001.bin" ] || "$build/mpiddp" data text --in /usr/share/common-licenses/GPL-3 \
   /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/GFDL-1.3 --out "$out/text" >&2
 : >"$out/results.jsonl"

@@ -25,6 +25,7 @@ def main(shard, steps, n_layer, n_head, n_embd, block, batch, accum, threads="1"
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", port)
+    os.environ.setdefault("USE_LIBUV", "0")  # Debian's torch 2.x is built without libuv
     torch.set_num_threads(int(threads))
     dist.init_process_group("gloo", rank=rank, world_size=size)
     torch.manual_seed(0)

@@ -310,7 +310,9 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
     std::printf("epoch %lld: train loss %.4f", static_cast<long long>(m.epoch), m.train_loss);
     if (m.test_loss >= 0) std::printf(", test loss %.4f", m.test_loss);
     if (m.test_accuracy >= 0) std::printf(", test accuracy %.2f%%", 100.0 * m.test_accuracy);
-    std::printf(", %.1f samples/s, %.1f s, lr %.3g", m.samples_per_s, m.seconds, m.lr);
+    std::printf(", %.1f samples/s", m.samples_per_s);
+    if (m.tokens_per_s > 0) std::printf(" (%.0f tokens/s)", m.tokens_per_s);
+    std::printf(", %.1f s, lr %.3g", m.seconds, m.lr);
     if (m.skipped_steps > 0) std::printf(", %lld step(s) skipped (NaN/Inf loss)", static_cast<long long>(m.skipped_steps));
     if (m.loss_scale > 0) {
       std::printf(", loss scale %g (%lld step(s) skipped for Inf/NaN gradients)", m.loss_scale,
