@@ -181,9 +181,9 @@ Trainer::~Trainer() = default;
 const DatasetInfo& Trainer::data_info() const { return train_->info(); }
 
 namespace {
-// The loss (and whoever reads the outputs) sees float32, whatever autocast ran in.
-torch::Tensor as_float32(const torch::Tensor& t) {
-  return t.is_floating_point() && t.scalar_type() != c10::kFloat ? t.to(c10::kFloat) : t;
+// Under autocast (bf16, fp16) the loss and whoever reads the outputs still see float32.
+torch::Tensor after_autocast(const torch::Tensor& t, c10::ScalarType precision) {
+  return precision != c10::kFloat && t.is_floating_point() && t.scalar_type() != c10::kFloat ? t.to(c10::kFloat) : t;
 }
 }  // namespace
 
@@ -193,7 +193,7 @@ torch::Tensor Trainer::forward(const torch::Tensor& inputs) {
     Autocast autocast(options_.device, options_.precision);
     out = model_->forward(inputs);
   }
-  return as_float32(out);
+  return after_autocast(out, options_.precision);
 }
 
 std::pair<torch::Tensor, torch::Tensor> Trainer::forward_loss(const torch::Tensor& inputs, const torch::Tensor& targets) {
@@ -207,7 +207,7 @@ std::pair<torch::Tensor, torch::Tensor> Trainer::forward_loss(const torch::Tenso
     out = model_->forward_with_loss(inputs, targets);
   }
   MPIDDP_CHECK(out.second.numel() == 1, "the model's own loss must be a scalar, got " + shape_text(out.second.sizes()));
-  return {as_float32(out.first), as_float32(out.second)};
+  return {after_autocast(out.first, options_.precision), after_autocast(out.second, options_.precision)};
 }
 
 void Trainer::set_lr(const StepInfo& at) {

@@ -83,6 +83,23 @@ want=$(ref generate "$tmp/np3.state.pt" "the quick" 40)
 run_np 2 "$mpiddp" generate "$tmp/np3/latest.h5" --prompt "the quick" --max-new-tokens 40 --top-k 1
 check "generate --top-k 1 equals the reference's greedy generate(), token for token" [ "$rc" -eq 0 -a "$out" = "$want" ]
 check "generate: the prompt comes first, then 40 new bytes" [ "${#out}" -eq 49 -a "${out:0:9}" = "the quick" ]
+# --tokenizer: an llm.c tokenizer file (version 2, 256 tokens) that decodes token i as its two hex
+# digits: the greedy text above, spelled in hex.
+"$DEBIAN_PYTHON" - "$tmp/hex_tokenizer.bin" <<'PY'
+import struct, sys
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256I", *([20240328, 2, 256, 0] + [0] * 252)))
+    for i in range(256):
+        f.write(bytes([2]) + b"%02x" % i)
+PY
+run_alone "$mpiddp" generate "$tmp/np3/latest.h5" --prompt "the quick" --max-new-tokens 40 --top-k 1 \
+  --tokenizer "$tmp/hex_tokenizer.bin"
+check "generate --tokenizer decodes every token through llm.c's tokenizer table" \
+  [ "$rc" -eq 0 -a "$out" = "$(printf '%s' "$want" | od -An -v -tx1 | tr -d ' \n')" ]
+printf 'nope' >"$tmp/bad_tokenizer.bin"
+run_alone "$mpiddp" generate "$tmp/np3/latest.h5" --prompt "a" --tokenizer "$tmp/bad_tokenizer.bin"
+check "generate: a file that is not an llm.c tokenizer is named" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'is not an llm.c tokenizer file' <<<\"\$0\"" "$err"
 want=$(ref generate "$tmp/np3.state.pt" "fox" 40 5 0.8 11)
 run_alone "$mpiddp" generate "$tmp/np3/latest.h5" --prompt "fox" --max-new-tokens 40 --top-k 5 --temperature 0.8 --seed 11
 check "generate --top-k 5 --temperature 0.8 --seed 11 draws what the reference draws" [ "$rc" -eq 0 -a "$out" = "$want" ]
