@@ -63,6 +63,9 @@ class SampleSet {
   virtual void check_labels(int64_t num_classes) const = 0;
   /// Whether reads come from memory (cheap enough to do on the training thread).
   virtual bool cached() const = 0;
+  /// Reads the whole set into memory when it takes at most `max_bytes` (a kind already in memory:
+  /// nothing to do). Returns cached().
+  virtual bool cache(int64_t /*max_bytes*/) { return cached(); }
   /// Switches to collective reads on `comm` where the kind has them (collective); see H5Dataset.
   virtual bool open_parallel(MPI_Comm /*comm*/) { return false; }
   /// read() as one collective read where open_parallel() switched to them, else read().
@@ -88,7 +91,7 @@ class H5Dataset final : public SampleSet {
   int64_t stored_bytes() const;
   /// Loads the whole dataset into memory (inputs as stored: uint8 stays uint8) when it takes at
   /// most `max_bytes`; later reads index memory instead of the file. Returns whether it did.
-  bool cache(int64_t max_bytes);
+  bool cache(int64_t max_bytes) override;
   bool cached() const override;
   /// Reopens the file through MPI-IO on `comm` (collective: every rank of `comm` calls it), when
   /// HDF5 is the parallel build and the dataset is not cached. Returns whether it did (the same on

@@ -225,7 +225,7 @@ class Trainer {
 };
 
 /// The training or test set that `source` names, as the Trainer opens it (options.data_format,
-/// options.block_size; an HDF5 set is read into memory when it fits options.cache_bytes). Throws
+/// options.block_size), not yet cached (the Trainer calls cache(options.cache_bytes)). Throws
 /// mpiddp::Error naming the file for a missing or malformed one.
 std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const TrainerOptions& options);
 

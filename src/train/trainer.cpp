@@ -103,10 +103,12 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   }
 
   train_ = open_sample_set(o.data, o);
+  train_->cache(o.cache_bytes);
   const auto& info = train_->info();
   if (!options_.loss) options_.loss = default_loss(info);
   if (!o.test_data.empty()) {
     test_ = open_sample_set(o.test_data, o);
+    test_->cache(o.cache_bytes);
     const auto& t = test_->info();
     MPIDDP_CHECK(t.sample_shape == info.sample_shape && t.classification == info.classification &&
                      t.target_dim == info.target_dim,
