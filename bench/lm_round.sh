@@ -9,14 +9,14 @@ source scripts/env.sh
 py=/usr/bin/python3
 shape=(4 4 256 128) batch=4 accum=2
 tokens_per_step=$((2 * batch * accum * 128))
-for steps in 4 16; do
+for steps in 8 40; do
   for who in mpiddp python; do
     rss=$(mktemp)
     t0=$(date +%s.%N)
     if [ "$who" = mpiddp ]; then
       mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core /usr/bin/time -a -o "$rss" -f %M "$build/mpiddp" train \
         --model gpt --n-layer 4 --n-head 4 --n-embd 256 --block-size 128 --vocab-size 256 \
-        --data "$out/text_train_000001.bin" --batch-size $batch --grad-accum $accum --max-steps $steps \
+        --data "$out/text_train_000001.bin" --batch-size $batch --grad-accum $accum --max-steps $steps --epochs 1000 \
         --optimizer adamw --lr 1e-3 --betas 0.9,0.95 --weight-decay 0.1 --weight-decay-params matrices \
         --clip-grad-norm 1.0 --threads 1 --log-every 0 >/dev/null
     else

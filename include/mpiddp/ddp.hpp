@@ -56,6 +56,14 @@ struct DdpOptions {
   /// like the gradients when compressed). Per-step agreement (the Trainer's stop and non-finite
   /// loss flags) without a collective of its own. With no trainable parameter they travel alone.
   int64_t extra_values = 0;
+  /// ZeRO's use of the buckets (see ZeroOptimizer, zero.hpp). 0: DDP, every rank holds every
+  /// averaged gradient. 1: the same all-reduce, but each bucket's buffer is padded to a multiple
+  /// of the world size, so that rank r's shard of bucket b is its r-th equal slice. 2: each bucket
+  /// is reduce-scattered as backward fills it: a rank keeps only its slice of the averaged
+  /// gradient (grad_shard()), .grad is released once copied into its bucket, and the bucket's
+  /// buffer lives only from its first gradient to the end of its reduction. The extra values are
+  /// then all-reduced on their own, after the buckets.
+  int zero_stage = 0;
 };
 
 /// One bucket: which parameters (indices into parameters()) and where each lies in the flat buffer.
@@ -63,6 +71,10 @@ struct BucketLayout {
   std::vector<size_t> params;
   std::vector<int64_t> offsets;  ///< element offset of each parameter in the bucket
   int64_t numel = 0;
+  /// Elements of the bucket's buffer: numel rounded up to a multiple of the world size at ZeRO
+  /// stages 1 and 2 (zeros after the last parameter), else numel. Rank r's shard is elements
+  /// [r * padded / N, (r + 1) * padded / N).
+  int64_t padded = 0;
   c10::ScalarType dtype = c10::kFloat;
 };
 
@@ -100,6 +112,16 @@ class DistributedDataParallel {
   std::shared_ptr<torch::nn::Module> module() const { return module_; }
   ProcessGroup& process_group() { return pg_; }
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
+  /// The parameters it reduces (requires_grad, each tensor once), in registration order: the
+  /// indices of BucketLayout::params.
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
+  int zero_stage() const { return options_.zero_stage; }
+  /// Bucket b's gradient buffer (BucketLayout::padded elements, then the extra values in the last
+  /// one): after a reducing backward, the average. Stages 0 and 1 only (at stage 2 it is transient).
+  torch::Tensor bucket_gradients(size_t b) const;
+  /// Stage 2: this rank's slice of bucket b's averaged gradient (padded / N elements), written by
+  /// every reducing backward.
+  torch::Tensor grad_shard(size_t b) const;
   const DdpStats& stats() const { return stats_; }
   /// The DdpOptions::extra_values slots (undefined when there are none): local values before a
   /// reducing backward, the mean over the ranks after it. zero_grad() zeroes them too.
@@ -148,6 +170,7 @@ class DistributedDataParallel {
   void broadcast_tensors(const std::vector<torch::Tensor>& tensors);
   void on_gradient(size_t param);
   void adopt_gradient(size_t param);
+  torch::Tensor& scatter_buffer(Bucket& b);  ///< stage 2: the bucket's buffer, made when first needed
   void launch_ready_buckets(bool at_end);
   void launch(Bucket& b);
   void poll_launched();

@@ -5,6 +5,12 @@
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
 
 namespace mpiddp {
 
@@ -40,5 +46,23 @@ class FusedAdamW : public torch::optim::AdamW {
  private:
   bool last_step_fused_ = false;
 };
+
+/// The optimizers whose per-parameter state mpiddp reads and writes tensor by tensor (snapshots,
+/// ZeRO's shards); kOther for any other.
+enum class OptimizerKind { kSgd, kAdam, kAdamW, kOther };
+OptimizerKind optimizer_kind_of(const torch::optim::Optimizer& opt);
+
+/// One parameter's optimizer state as named tensors: SGD's "momentum_buffer"; Adam's and AdamW's
+/// "exp_avg", "exp_avg_sq" and (amsgrad) "max_exp_avg_sq", with their step count. Undefined tensors
+/// are left out.
+struct ParamStateFields {
+  int64_t step = 0;  ///< Adam/AdamW only
+  std::map<std::string, torch::Tensor> tensors;
+};
+ParamStateFields state_fields(OptimizerKind kind, const torch::optim::OptimizerParamState& state);
+/// The names state_fields() may give for `kind`.
+std::vector<std::string> state_field_names(OptimizerKind kind);
+/// The state of `kind` holding `fields` (the inverse of state_fields). Not for kOther.
+std::unique_ptr<torch::optim::OptimizerParamState> state_from_fields(OptimizerKind kind, const ParamStateFields& fields);
 
 }  // namespace mpiddp

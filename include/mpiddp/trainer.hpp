@@ -82,6 +82,11 @@ struct TrainerOptions {
   /// batch_size samples, each loss divided by grad_accum, gradients reduced across ranks only in
   /// the last (DDP's no_sync before); max_steps, snapshots and schedules count optimizer steps.
   int64_t grad_accum = 1;
+  /// ZeRO (zero.hpp): 0 plain DDP; 1 each rank keeps the optimizer's state for its 1/N of the
+  /// parameters only (gradients all-reduced, parameters all-gathered after the step); 2 also only
+  /// its 1/N of the averaged gradient (buckets reduce-scattered during backward). The optimizer
+  /// must be SGD, Adam or AdamW. Snapshots stay whole: a run resumes at any stage and rank count.
+  int zero_stage = 0;
   uint64_t seed = 0;          ///< the sampler's shuffle
   bool shuffle = true;
   bool drop_last = false;

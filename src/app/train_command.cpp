@@ -46,7 +46,8 @@ std::string flag_of(const std::string& field) {
       {"clip_grad_norm", "--clip-grad-norm"}, {"precision", "--precision"}, {"loss_scaling.init_scale", "--loss-scale"},
       {"save_every", "--save-every"}, {"save_every_steps", "--save-every-steps"}, {"keep", "--keep"},
       {"cache_bytes", "--cache-mb"}, {"prefetch_batches", "--prefetch"}, {"resume", "--resume"},
-      {"grad_accum", "--grad-accum"}, {"data_format", "--data-format"}, {"block_size", "--block-size"}};
+      {"grad_accum", "--grad-accum"}, {"data_format", "--data-format"}, {"block_size", "--block-size"},
+      {"zero_stage", "--zero-stage"}};
   const auto it = kFlags.find(field);
   return it == kFlags.end() ? "TrainerOptions::" + field : it->second;
 }
@@ -137,7 +138,7 @@ std::string config_json(const TrainConfig& c, int threads, int world_size) {
                       {"clip_grad_norm", t.clip_grad_norm}, {"log_every", c.log_every},
                       {"metrics", t.metrics_path}, {"tensorboard", t.tensorboard_dir},
                       {"precision", c.precision}, {"prefetch", t.prefetch_batches}, {"cache_mb", c.cache_mb},
-                      {"data_format", t.data_format}, {"grad_accum", t.grad_accum}, {"betas", c.betas},
+                      {"data_format", t.data_format}, {"grad_accum", t.grad_accum}, {"zero_stage", t.zero_stage}, {"betas", c.betas},
                       {"weight_decay_params", c.decay_params}, {"min_lr", c.min_lr}, {"init_from", c.init_from}};
   // The GPT's shape: `mpiddp generate` rebuilds the model from it.
   if (c.model == "gpt") j["gpt"] = nlohmann::json::parse(c.gpt.to_json());
@@ -176,6 +177,8 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
       "start from this state_dict (torch.save(model.state_dict()) or `mpiddp export`) instead of a fresh model")(
       "grad-accum", po::value(&t.grad_accum)->default_value(1),
       "micro-batches per optimizer step (each loss / K; gradients reduced only in the last)")(
+      "zero-stage", po::value(&t.zero_stage)->default_value(0),
+      "0 (DDP) | 1 (ZeRO: each rank keeps 1/N of the optimizer state) | 2 (and 1/N of the gradients)")(
       "epochs", po::value(&t.epochs)->default_value(1), "passes over the training set")(
       "max-steps", po::value(&t.max_steps)->default_value(0), "stop after this many steps in all (0: no cap)")(
       "batch-size", po::value(&t.batch_size)->default_value(64), "samples per rank per step")(

@@ -34,6 +34,7 @@ std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
     b.params.push_back(k);
     b.offsets.push_back(b.numel);
     b.numel += numels[k];
+    b.padded = b.numel;
     bytes += size;
   }
   return out;
@@ -52,8 +53,11 @@ struct DistributedDataParallel::GradientReady : torch::autograd::FunctionPostHoo
 
 struct DistributedDataParallel::Bucket {
   BucketLayout layout;
-  torch::Tensor flat;       ///< gradients of this bucket, in layout order
+  torch::Tensor flat;       ///< gradients of this bucket, in layout order (stage 2: while reduced)
   torch::Tensor wire;       ///< compressed copy on the wire (or undefined)
+  bool scatter = false;     ///< ZeRO stage 2: reduce-scattered into `shard`
+  torch::Tensor shard;      ///< stage 2: this rank's slice of the averaged gradients
+  torch::Tensor shard_wire; ///< stage 2 and compressed: the slice as it comes off the wire
   torch::Tensor ranks;      ///< the world size as a 0-dim tensor of the bucket's dtype and device
   std::vector<bool> ready;  ///< per slot: gradient copied in this step
   size_t pending = 0;       ///< slots still missing
@@ -144,12 +148,22 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
     numels.push_back(p.numel());
     dtypes.push_back(p.scalar_type());
   }
+  MPIDDP_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
+               "ZeRO stage must be 0, 1 or 2, got " + std::to_string(options_.zero_stage));
   layouts_ = assign_buckets(numels, dtypes, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes);
+  const int64_t ranks = pg_.size();
+  for (auto& l : layouts_) l.padded = options_.zero_stage > 0 ? (l.numel + ranks - 1) / ranks * ranks : l.numel;
   where_.resize(params_.size());
   for (size_t b = 0; b < layouts_.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();
     bucket->layout = layouts_[b];
-    bucket->flat = torch::zeros({layouts_[b].numel}, params_[layouts_[b].params[0]].options());
+    const auto options = params_[layouts_[b].params[0]].options();
+    bucket->scatter = options_.zero_stage == 2;
+    if (bucket->scatter) {
+      bucket->shard = torch::zeros({layouts_[b].padded / ranks}, options);
+    } else {
+      bucket->flat = torch::zeros({layouts_[b].padded}, options);
+    }
     bucket->ready.assign(layouts_[b].params.size(), false);
     bucket->pending = layouts_[b].params.size();
     for (size_t s = 0; s < layouts_[b].params.size(); ++s) where_[layouts_[b].params[s]] = {b, s};
@@ -157,9 +171,9 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
   }
   if (options_.extra_values > 0) {
     // The extra values follow the gradients of the bucket launched last; with no trainable
-    // parameter they are a bucket of their own (no slots: launched at the end of backward), on
-    // the model's device.
-    if (buckets_.empty()) {
+    // parameter, or at stage 2 (its buckets are reduce-scattered), they are an all-reduced bucket
+    // of their own (no slots: launched after the others), on the model's device.
+    if (buckets_.empty() || options_.zero_stage == 2) {
       auto bucket = std::make_unique<Bucket>();
       c10::Device device(c10::kCPU);
       if (!parameters.empty()) device = parameters.front().second.device();
@@ -169,22 +183,24 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
     }
     auto& flat = buckets_.back()->flat;
     flat = torch::cat({flat, torch::zeros({options_.extra_values}, flat.options())});
-    extras_ = flat.narrow(0, buckets_.back()->layout.numel, options_.extra_values);
+    extras_ = flat.narrow(0, buckets_.back()->layout.padded, options_.extra_values);
   }
   if (pg_.size() > 1) {
     for (auto& b : buckets_) {  // float16/bfloat16 buckets keep the Scalar (computed in float32)
-      const auto t = b->flat.scalar_type();
-      if (t == torch::kFloat || t == torch::kDouble) b->ranks = torch::scalar_tensor(pg_.size(), b->flat.options());
+      const auto& averaged = b->scatter ? b->shard : b->flat;
+      const auto t = averaged.scalar_type();
+      if (t == torch::kFloat || t == torch::kDouble) b->ranks = torch::scalar_tensor(pg_.size(), averaged.options());
     }
   }
   // Each parameter's gradient, as an alias of its place in its bucket: after the first step .grad is
   // this view, so the averaged bucket is the gradient (no copy back) and the optimizer reads it
-  // in place (PyTorch DDP's gradient_as_bucket_view).
+  // in place (PyTorch DDP's gradient_as_bucket_view). Not at stage 2: the buffer is transient.
   views_.resize(params_.size());
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto [b, s] = where_[i];
+      if (buckets_[b]->scatter) continue;
       // set_() onto the bucket's storage, not narrow().view(): autograd would record a view, and
       // libtorch 1.13's Optimizer::zero_grad() refuses to detach_() one.
       // No strides given: contiguous.
@@ -342,12 +358,42 @@ void DistributedDataParallel::reset_buckets() {
     b->work.reset();
     b->wire = torch::Tensor();
     b->completed = {};
+    if (b->scatter) {  // stage 2: only the shard outlives the reduction
+      b->flat = torch::Tensor();
+      b->shard_wire = torch::Tensor();
+    }
   }
   next_to_launch_ = 0;
 }
 
+torch::Tensor& DistributedDataParallel::scatter_buffer(Bucket& b) {
+  if (!b.flat.defined()) b.flat = torch::zeros({b.layout.padded}, b.shard.options());
+  return b.flat;
+}
+
+torch::Tensor DistributedDataParallel::bucket_gradients(size_t b) const {
+  MPIDDP_CHECK(b < layouts_.size() && !buckets_[b]->scatter,
+               "bucket_gradients: no bucket " + std::to_string(b) + " held whole (ZeRO stage 2 keeps grad_shard())");
+  return buckets_[b]->flat;
+}
+
+torch::Tensor DistributedDataParallel::grad_shard(size_t b) const {
+  MPIDDP_CHECK(b < layouts_.size() && buckets_[b]->scatter,
+               "grad_shard: no bucket " + std::to_string(b) + " reduce-scattered (ZeRO stage 2 only)");
+  return buckets_[b]->shard;
+}
+
 void DistributedDataParallel::adopt_gradient(size_t param) {
   auto& g = params_[param].mutable_grad();
+  const auto [b, s] = where_[param];
+  if (buckets_[b]->scatter) {
+    // Stage 2: the gradient (or zeros) goes into the bucket's buffer, and .grad is released.
+    torch::NoGradGuard no_grad;
+    auto& flat = scatter_buffer(*buckets_[b]);
+    if (g.defined()) flat.narrow(0, layouts_[b].offsets[s], g.numel()).view(g.sizes()).copy_(g);
+    g = torch::Tensor();
+    return;
+  }
   if (g.is_same(views_[param])) return;
   torch::NoGradGuard no_grad;
   if (g.defined()) {
@@ -361,10 +407,12 @@ void DistributedDataParallel::adopt_gradient(size_t param) {
 void DistributedDataParallel::zero_grad() {
   rethrow_abandoned_error();
   torch::NoGradGuard no_grad;
-  for (auto& b : buckets_) b->flat.zero_();
+  for (auto& b : buckets_) {
+    if (b->flat.defined()) b->flat.zero_();
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& g = params_[i].mutable_grad();
-    if (g.defined()) g = views_[i];
+    if (g.defined()) g = views_[i];  // stage 2: undefined, which releases what no_sync accumulated
   }
 }
 
@@ -379,6 +427,17 @@ void DistributedDataParallel::poll_launched() {
 
 void DistributedDataParallel::launch(Bucket& b) {
   b.launched = Timeline::Clock::now();
+  if (b.scatter) {
+    auto& flat = scatter_buffer(b);  // allocated here when none of its parameters had a gradient
+    if (options_.compression) {
+      b.wire = flat.to(*options_.compression);
+      b.shard_wire = torch::empty({b.shard.numel()}, b.wire.options());
+      b.work = pg_.reduce_scatter_async(b.wire, b.shard_wire, ReduceOp::kSum);
+    } else {
+      b.work = pg_.reduce_scatter_async(flat, b.shard, ReduceOp::kSum);
+    }
+    return;
+  }
   if (options_.compression) {
     b.wire = b.flat.to(*options_.compression);
     b.work = pg_.allreduce_async(b.wire, b.wire, ReduceOp::kSum);
@@ -451,13 +510,15 @@ void DistributedDataParallel::finish_reduction() {
       if (timeline_->enabled()) {
         timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, b.completed);
       }
-      if (options_.compression) b.flat.copy_(b.wire);
-      // Each .grad is its view of the bucket: it now holds the average. The divisor is a tensor
-      // of the bucket's own dtype: a Scalar would be wrapped and cast on every call.
+      // Each .grad is its view of the bucket (stage 2: the shard is what is kept): it now holds
+      // the average. The divisor is a tensor of the bucket's own dtype: a Scalar would be wrapped
+      // and cast on every call.
+      auto& summed = b.scatter ? b.shard : b.flat;
+      if (options_.compression) summed.copy_(b.scatter ? b.shard_wire : b.wire);
       if (b.ranks.defined()) {
-        b.flat.div_(b.ranks);
+        summed.div_(b.ranks);
       } else if (pg_.size() > 1) {
-        b.flat.div_(static_cast<double>(pg_.size()));
+        summed.div_(static_cast<double>(pg_.size()));
       }
     }
   } catch (...) {

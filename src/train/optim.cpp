@@ -1,5 +1,8 @@
 #include <mpiddp/compat.hpp>
+#include <mpiddp/error.hpp>
 #include <mpiddp/optim.hpp>
+
+#include "train/adam_cpu.hpp"
 
 #include <ATen/ATen.h>
 #if MPIDDP_HAS_FUSED_ADAM
@@ -48,12 +51,14 @@ torch::Tensor step_tensor(int64_t step, const torch::Tensor& like) {
 }
 
 // One fused step over every group of `opt` (Adam or AdamW: Options, State), creating each
-// parameter's state as their own step() does. False, with nothing changed, where some parameter
-// with a gradient rules the kernel out: the caller then runs the optimizer's own step.
+// parameter's state as their own step() does: on the CPU mpiddp's one-pass loop (adam_cpu.hpp),
+// elsewhere libtorch's fused kernel. False, with nothing changed, where some parameter with a
+// gradient rules both out: the caller then runs the optimizer's own step.
 template <class Options, class State, class StateMap>
 bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& state, bool adamw) {
   c10::optional<c10::Device> device;
   c10::optional<c10::ScalarType> dtype;
+  bool cpu_loop = true;
   for (auto& group : groups) {
     for (auto& p : group.params()) {
       const auto& g = p.grad();
@@ -62,9 +67,10 @@ bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap
       if (device && (*device != p.device() || *dtype != p.scalar_type())) return false;
       device = p.device();
       dtype = p.scalar_type();
+      cpu_loop = cpu_loop && detail::adam_cpu_accepts(p, g);
     }
   }
-  if (!device || !fused_adam_runs(*device, *dtype, adamw)) return false;
+  if (!device || (!cpu_loop && !fused_adam_runs(*device, *dtype, adamw))) return false;
   torch::NoGradGuard no_grad;
   for (auto& group : groups) {
     const auto& o = static_cast<const Options&>(group.options());
@@ -82,6 +88,20 @@ bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap
       }
       auto& s = static_cast<State&>(*slot);
       s.step(s.step() + 1);
+      if (cpu_loop) {
+        if (!s.exp_avg().is_contiguous()) s.exp_avg(s.exp_avg().contiguous());
+        if (!s.exp_avg_sq().is_contiguous()) s.exp_avg_sq(s.exp_avg_sq().contiguous());
+        if (o.amsgrad() && !s.max_exp_avg_sq().is_contiguous()) s.max_exp_avg_sq(s.max_exp_avg_sq().contiguous());
+        detail::AdamConstants c;
+        c.lr = o.lr();
+        std::tie(c.beta1, c.beta2) = o.betas();
+        c.eps = o.eps();
+        c.weight_decay = o.weight_decay();
+        c.decoupled = adamw;
+        c.amsgrad = o.amsgrad();
+        detail::adam_cpu_step(p, p.grad(), s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq(), s.step(), c);
+        continue;
+      }
       l.params.push_back(p);
       l.grads.push_back(p.grad());
       l.exp_avgs.push_back(s.exp_avg());
@@ -144,6 +164,72 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   last_step_fused_ = fused_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(param_groups_, state_, true);
   if (!last_step_fused_) torch::optim::AdamW::step();
   return loss;
+}
+
+namespace {
+
+template <class State>
+ParamStateFields adam_fields(const State& s) {
+  ParamStateFields f;
+  f.step = s.step();
+  f.tensors["exp_avg"] = s.exp_avg();
+  f.tensors["exp_avg_sq"] = s.exp_avg_sq();
+  if (s.max_exp_avg_sq().defined()) f.tensors["max_exp_avg_sq"] = s.max_exp_avg_sq();
+  return f;
+}
+
+template <class State>
+std::unique_ptr<State> adam_state(const ParamStateFields& f) {
+  auto s = std::make_unique<State>();
+  s->step(f.step);
+  s->exp_avg(f.tensors.at("exp_avg"));
+  s->exp_avg_sq(f.tensors.at("exp_avg_sq"));
+  if (const auto m = f.tensors.find("max_exp_avg_sq"); m != f.tensors.end()) s->max_exp_avg_sq(m->second);
+  return s;
+}
+
+}  // namespace
+
+OptimizerKind optimizer_kind_of(const torch::optim::Optimizer& opt) {
+  if (dynamic_cast<const torch::optim::SGD*>(&opt)) return OptimizerKind::kSgd;
+  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) return OptimizerKind::kAdamW;
+  if (dynamic_cast<const torch::optim::Adam*>(&opt)) return OptimizerKind::kAdam;
+  return OptimizerKind::kOther;
+}
+
+ParamStateFields state_fields(OptimizerKind kind, const torch::optim::OptimizerParamState& state) {
+  switch (kind) {
+    case OptimizerKind::kSgd: {
+      ParamStateFields f;
+      const auto& m = static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer();
+      if (m.defined()) f.tensors["momentum_buffer"] = m;
+      return f;
+    }
+    case OptimizerKind::kAdam: return adam_fields(static_cast<const torch::optim::AdamParamState&>(state));
+    case OptimizerKind::kAdamW: return adam_fields(static_cast<const torch::optim::AdamWParamState&>(state));
+    case OptimizerKind::kOther: break;
+  }
+  MPIDDP_THROW("state_fields: not an SGD, Adam or AdamW state");
+}
+
+std::vector<std::string> state_field_names(OptimizerKind kind) {
+  if (kind == OptimizerKind::kSgd) return {"momentum_buffer"};
+  if (kind == OptimizerKind::kOther) return {};
+  return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+}
+
+std::unique_ptr<torch::optim::OptimizerParamState> state_from_fields(OptimizerKind kind, const ParamStateFields& f) {
+  switch (kind) {
+    case OptimizerKind::kSgd: {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      if (const auto m = f.tensors.find("momentum_buffer"); m != f.tensors.end()) s->momentum_buffer(m->second);
+      return s;
+    }
+    case OptimizerKind::kAdam: return adam_state<torch::optim::AdamParamState>(f);
+    case OptimizerKind::kAdamW: return adam_state<torch::optim::AdamWParamState>(f);
+    case OptimizerKind::kOther: break;
+  }
+  MPIDDP_THROW("state_from_fields: not an SGD, Adam or AdamW state");
 }
 
 }  // namespace mpiddp

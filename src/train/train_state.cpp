@@ -2,6 +2,7 @@
 
 #include <mpiddp/compat.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/optim.hpp>
 
 #include <ATen/core/Generator.h>
 
@@ -12,25 +13,6 @@
 namespace mpiddp::detail {
 
 namespace {
-
-template <class State>
-void adam_state_out(const State& st, const std::string& prefix, Snapshot& s) {
-  s.tensors[prefix + "step"] = torch::tensor(static_cast<int64_t>(st.step()), torch::kLong);
-  s.tensors[prefix + "exp_avg"] = st.exp_avg().cpu();
-  s.tensors[prefix + "exp_avg_sq"] = st.exp_avg_sq().cpu();
-  if (st.max_exp_avg_sq().defined()) s.tensors[prefix + "max_exp_avg_sq"] = st.max_exp_avg_sq().cpu();
-}
-
-template <class State>
-std::unique_ptr<State> adam_state_in(const Snapshot& s, const std::string& prefix, c10::Device device) {
-  auto st = std::make_unique<State>();
-  st->step(s.tensors.at(prefix + "step").template item<int64_t>());
-  st->exp_avg(s.tensors.at(prefix + "exp_avg").to(device));
-  st->exp_avg_sq(s.tensors.at(prefix + "exp_avg_sq").to(device));
-  auto m = s.tensors.find(prefix + "max_exp_avg_sq");
-  if (m != s.tensors.end()) st->max_exp_avg_sq(m->second.to(device));
-  return st;
-}
 
 const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
   const auto& state = opt.state();
@@ -61,15 +43,18 @@ void model_to_snapshot(const Model& model, Snapshot& s) {
 void model_from_snapshot(Model& model, const Snapshot& s) { load_named(model, s.tensors, "model/"); }
 
 std::string optimizer_kind(const torch::optim::Optimizer& opt) {
-  if (dynamic_cast<const torch::optim::SGD*>(&opt)) return "sgd";
-  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) return "adamw";
-  if (dynamic_cast<const torch::optim::Adam*>(&opt)) return "adam";
+  switch (optimizer_kind_of(opt)) {
+    case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kAdamW: return "adamw";
+    case OptimizerKind::kOther: break;
+  }
   return "other";
 }
 
 void optimizer_to_snapshot(const torch::optim::Optimizer& opt, const NamedTensors& params, Snapshot& s) {
-  const auto kind = optimizer_kind(opt);
-  if (kind == "other") {
+  const auto kind = optimizer_kind_of(opt);
+  if (kind == OptimizerKind::kOther) {
     torch::serialize::OutputArchive archive;
     opt.save(archive);
     std::ostringstream out;
@@ -81,21 +66,16 @@ void optimizer_to_snapshot(const torch::optim::Optimizer& opt, const NamedTensor
     const auto* st = state_of(opt, p);
     if (!st) continue;
     const std::string prefix = "optimizer/" + name + "/";
-    if (kind == "sgd") {
-      const auto& sgd = static_cast<const torch::optim::SGDParamState&>(*st);
-      if (sgd.momentum_buffer().defined()) s.tensors[prefix + "momentum_buffer"] = sgd.momentum_buffer().cpu();
-    } else if (kind == "adam") {
-      adam_state_out(static_cast<const torch::optim::AdamParamState&>(*st), prefix, s);
-    } else {
-      adam_state_out(static_cast<const torch::optim::AdamWParamState&>(*st), prefix, s);
-    }
+    const auto fields = state_fields(kind, *st);
+    if (kind != OptimizerKind::kSgd) s.tensors[prefix + "step"] = torch::tensor(fields.step, torch::kLong);
+    for (const auto& [field, t] : fields.tensors) s.tensors[prefix + field] = t.cpu();
   }
 }
 
 void optimizer_from_snapshot(torch::optim::Optimizer& opt, const NamedTensors& params, const Snapshot& s,
                              c10::Device device) {
-  const auto kind = optimizer_kind(opt);
-  if (kind == "other") {
+  const auto kind = optimizer_kind_of(opt);
+  if (kind == OptimizerKind::kOther) {
     auto it = s.tensors.find("optimizer/archive");
     MPIDDP_CHECK(it != s.tensors.end(), "snapshot: no optimizer/archive for this optimizer");
     const auto t = it->second.contiguous();
@@ -107,17 +87,19 @@ void optimizer_from_snapshot(torch::optim::Optimizer& opt, const NamedTensors& p
   auto& state = opt.state();
   for (const auto& [name, p] : params) {
     const std::string prefix = "optimizer/" + name + "/";
-    const auto key = compat::optimizer_state_key(state, p.unsafeGetTensorImpl());
-    if (kind == "sgd") {
-      auto m = s.tensors.find(prefix + "momentum_buffer");
-      if (m == s.tensors.end()) continue;
-      auto st = std::make_unique<torch::optim::SGDParamState>();
-      st->momentum_buffer(m->second.to(device));
-      state[key] = std::move(st);
-    } else if (s.tensors.count(prefix + "step")) {
-      if (kind == "adam") state[key] = adam_state_in<torch::optim::AdamParamState>(s, prefix, device);
-      else state[key] = adam_state_in<torch::optim::AdamWParamState>(s, prefix, device);
+    ParamStateFields fields;
+    for (const auto& field : state_field_names(kind)) {
+      const auto t = s.tensors.find(prefix + field);
+      if (t != s.tensors.end()) fields.tensors[field] = t->second.to(device);
     }
+    if (kind == OptimizerKind::kSgd) {
+      if (fields.tensors.empty()) continue;  // no momentum (yet)
+    } else {
+      const auto step = s.tensors.find(prefix + "step");
+      if (step == s.tensors.end()) continue;  // never stepped
+      fields.step = step->second.item<int64_t>();
+    }
+    state[compat::optimizer_state_key(state, p.unsafeGetTensorImpl())] = state_from_fields(kind, fields);
   }
 }
 

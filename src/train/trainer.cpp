@@ -269,15 +269,17 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   const RunPlan plan(o.epochs, steps_per_epoch_, o.max_steps);
   DdpOptions ddp_options = o.ddp;
   ddp_options.extra_values = detail::StepAgreement::kSlots;  // the agreement rides in the last bucket
+  ddp_options.zero_stage = o.zero_stage;
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options);
   detail::StepAgreement agreement(ddp.extras(), pg_);
-  detail::Update update(*optimizer_, trainable(*model_), o, pg_, p);
+  detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp);
   detail::ProgressLog progress(*logs_, o, runtime_, plan, p, train_->info().block_size, on_note);
   detail::BatchSource batches(*train_, o, runtime_, plan, p, read_ahead);
   const detail::SnapshotPolicy snapshots(o);
   auto snapshot = [&](RunPosition at) {
     auto hold = batches.pause();  // HDF5 is not thread-safe: the reader waits
     update.save_state(at);
+    const auto whole = update.whole_optimizer_state();
     return save(at);
   };
   double first_step_unix_s = 0;
@@ -308,7 +310,10 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
         result.last_snapshot = snapshot(p);
         clock.restart();
       }
-      if (verdict.stop_signal != 0) return stopped(result, p, verdict.stop_signal, note);
+      if (verdict.stop_signal != 0) {
+        update.return_optimizer_state();
+        return stopped(result, p, verdict.stop_signal, note);
+      }
     }
     p.seconds += clock.lap();
     EpochMetrics m = finish_epoch(p, epoch_start, update.loss_scale(), batches);
@@ -321,6 +326,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     }
     if (snapshots.after_epoch(p, plan.last_epoch(p))) result.last_snapshot = snapshot(p.next_epoch());
   }
+  update.return_optimizer_state();
   result.global_step = p.global_step;
   return result;
 }

@@ -3,8 +3,9 @@
 namespace mpiddp::detail {
 
 Update::Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
-               ProcessGroup& pg, const RunPosition& from)
+               ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp)
     : optimizer_(optimizer), params_(std::move(params)), clip_grad_norm_(options.clip_grad_norm), pg_(pg) {
+  if (options.zero_stage > 0) zero_ = std::make_unique<ZeroOptimizer>(ddp, optimizer);
   if (options.precision == c10::kHalf) {  // dynamic loss scaling, continued from the snapshot
     scaler_.emplace(options.device, options.loss_scaling);
     if (from.loss_scale > 0) scaler_->load(from.loss_scale, from.growth_tracker);
@@ -12,15 +13,30 @@ Update::Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> pa
 }
 
 bool Update::apply() {
-  // fp16: the averaged gradients are unscaled and checked; a step with an Inf/NaN gradient on any
-  // rank is skipped everywhere.
-  const bool overflow = scaler_ && scaler_->unscale(params_, &pg_);
+  // fp16: the averaged gradients (under ZeRO each rank's shards) are unscaled and checked; a step
+  // with an Inf/NaN gradient on any rank is skipped everywhere.
+  const bool overflow = scaler_ && scaler_->unscale(zero_ ? zero_->shards() : params_, &pg_);
   if (!overflow) {
-    if (clip_grad_norm_ > 0) torch::nn::utils::clip_grad_norm_(params_, clip_grad_norm_);
-    optimizer_.step();
+    if (zero_) {
+      if (clip_grad_norm_ > 0) zero_->clip_grad_norm(clip_grad_norm_);
+      zero_->step();
+    } else {
+      if (clip_grad_norm_ > 0) torch::nn::utils::clip_grad_norm_(params_, clip_grad_norm_);
+      optimizer_.step();
+    }
   }
   if (scaler_) scaler_->update();
   return !overflow;
+}
+
+std::shared_ptr<void> Update::whole_optimizer_state() {
+  if (!zero_) return nullptr;  // the optimizer holds it already
+  zero_->gather_state(0);
+  return std::shared_ptr<void>(nullptr, [zero = zero_.get()](void*) { zero->drop_gathered_state(); });
+}
+
+void Update::return_optimizer_state() {
+  if (zero_) zero_->gather_state(-1);
 }
 
 void Update::save_state(RunPosition& p) const {

@@ -1,16 +1,21 @@
-// Update: what a step does with the gradients its reduction left on every rank. Today's update is
-// DDP's: every rank holds the averaged gradients, unscales them (fp16: an Inf/NaN on any rank skips
-// the step everywhere, GradScaler's verdict), clips them to the global norm and steps the optimizer
-// on every parameter. A sharded update (ZeRO) replaces it behind the same calls.
+// Update: what a step does with the gradients its reduction left. DDP's (zero_stage 0): every rank
+// holds the averaged gradients, unscales them (fp16: an Inf/NaN on any rank skips the step
+// everywhere, GradScaler's verdict), clips them to the global norm and steps the optimizer on every
+// parameter. ZeRO's (stages 1, 2: a ZeroOptimizer): the same on this rank's shards, the norm and
+// the verdict over all ranks' shards, then the parameters all-gathered.
 //
 // Cross-rank contract: every rank calls apply() at the same steps (after StepAgreement settled
-// that the step's loss was finite everywhere); fp16's verdict is one all-reduce inside it.
+// that the step's loss was finite everywhere); fp16's verdict is one all-reduce inside it, ZeRO's
+// norm another. whole_optimizer_state() is collective under ZeRO.
 #pragma once
 
 #include <mpiddp/comm.hpp>
+#include <mpiddp/ddp.hpp>
 #include <mpiddp/precision.hpp>
 #include <mpiddp/trainer.hpp>
+#include <mpiddp/zero.hpp>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -21,9 +26,10 @@ namespace mpiddp::detail {
 class Update {
  public:
   /// `params`: what clipping and unscaling see (the trainable parameters). The fp16 scaler
-  /// continues from `from` (a snapshot's state) when it holds one.
+  /// continues from `from` (a snapshot's state) when it holds one. Under ZeRO the optimizer is
+  /// sharded over `ddp` (made with options.zero_stage), taking the state a resume put in it.
   Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
-         ProcessGroup& pg, const RunPosition& from);
+         ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp);
 
   /// The loss to differentiate: scaled by the fp16 loss scale, else as it is.
   torch::Tensor scale(const torch::Tensor& loss) const { return scaler_ ? scaler_->scale(loss) : loss; }
@@ -33,6 +39,12 @@ class Update {
   void save_state(RunPosition& p) const;
   /// The loss scale now (0: no loss scaling).
   double loss_scale() const { return scaler_ ? scaler_->scale_value() : 0.0; }
+  /// While the returned guard lives, the optimizer holds its whole state on rank 0, as a snapshot
+  /// reads it (under ZeRO gathered from the shards, and dropped again with the guard).
+  std::shared_ptr<void> whole_optimizer_state();
+  /// At the end of a run: under ZeRO the whole state goes back into the optimizer on every rank
+  /// (a later fit() or the caller finds it there). Collective under ZeRO.
+  void return_optimizer_state();
 
  private:
   torch::optim::Optimizer& optimizer_;
@@ -40,6 +52,7 @@ class Update {
   double clip_grad_norm_;
   ProcessGroup& pg_;
   std::optional<GradScaler> scaler_;
+  std::unique_ptr<ZeroOptimizer> zero_;
 };
 
 }  // namespace mpiddp::detail

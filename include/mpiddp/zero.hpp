@@ -1,0 +1,90 @@
+// ZeroOptimizer: ZeRO stages 1 and 2 (DeepSpeed's names) over a DistributedDataParallel whose
+// buckets it shards. Each bucket's buffer is padded to a multiple of the world size N and rank r
+// owns its r-th equal slice (Megatron's distributed optimizer shards per bucket the same way): the
+// optimizer keeps state only for the owned slices; after its step the parameters are all-gathered,
+// bucket by bucket, in place. At stage 1 DDP all-reduces as usual and the owned slices are read out
+// of the averaged buckets; at stage 2 DDP reduce-scatters each bucket during backward and keeps
+// only the owned slice of the gradient (DdpOptions::zero_stage).
+//
+// Use from a plain loop, as the DDP wrapper (the Trainer does the same for `--zero-stage`):
+//   DdpOptions o;
+//   o.zero_stage = 2;
+//   DistributedDataParallel ddp(model, pg, o);
+//   auto adamw = std::make_shared<mpiddp::FusedAdamW>(model->parameters(), options);
+//   ZeroOptimizer zero(ddp, *adamw);   // adamw keeps the hyperparameters, zero the state
+//   loss.backward();                   // reduced inside backward, as with DDP
+//   zero.clip_grad_norm(1.0);          // optional: the global norm
+//   zero.step();                       // the owned slices stepped, parameters all-gathered
+//   ddp.zero_grad();
+//
+// The parameters are moved into the padded bucket buffers when it is made (Tensor::set_data: the
+// same tensors, so modules, tied weights and optimizer references stay valid); do not move the
+// model to another device after that. Hyperparameters are read from the given optimizer's groups
+// at every step (a learning-rate schedule sets them there, as before). Its state is sliced once
+// when it is made (a resumed snapshot) and gathered back into it for a snapshot (gather_state).
+//
+// Cross-rank contract: every rank makes it, steps it, clips and gathers with it at the same
+// points, after the same reducing backward; each of those calls is collective.
+#pragma once
+
+#include <mpiddp/ddp.hpp>
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+namespace mpiddp {
+
+class ZeroOptimizer {
+ public:
+  /// Shards `optimizer`'s state: SGD, Adam and AdamW (and mpiddp's FusedAdam/FusedAdamW, still
+  /// fused), else mpiddp::Error. Every tensor it optimizes must be one `ddp` reduces. Collective
+  /// only through what `ddp` is (no communication here).
+  ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer);
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  int stage() const { return ddp_.zero_stage(); }
+  /// This rank's slices of the parameters, each a view of its bucket's parameter buffer whose
+  /// .grad is its slice of the averaged gradient (for unscaling and checks: GradScaler::unscale).
+  const std::vector<torch::Tensor>& shards() const { return shards_; }
+  /// Parameter elements whose optimizer state this rank holds.
+  int64_t owned_numel() const;
+
+  /// Scales the gradient so that its global L2 norm (the shards' squared norms summed over the
+  /// ranks) is at most `max_norm`, by clip_grad_norm_'s rule; returns the norm before. Collective.
+  double clip_grad_norm(double max_norm);
+  /// The optimizer's step on this rank's shards with the given optimizer's current
+  /// hyperparameters, then every bucket's parameters all-gathered. Collective.
+  void step();
+
+  /// Every parameter's optimizer state, whole, into the given optimizer on rank `root` (empty
+  /// elsewhere; root -1: on every rank), as an unsharded run would hold it: for a snapshot, or to
+  /// hand the state back when done. Collective.
+  void gather_state(int root = 0);
+  /// Drops what gather_state() put into the given optimizer.
+  void drop_gathered_state();
+
+ private:
+  struct Piece {         ///< one parameter's elements inside this rank's slice of a bucket
+    size_t param = 0;    ///< index into ddp.parameters()
+    size_t bucket = 0;
+    int64_t in_param = 0;   ///< first element, within the flattened parameter
+    int64_t in_bucket = 0;  ///< first element, within the bucket's buffer
+    int64_t numel = 0;
+  };
+  void take_state();
+  int64_t slice_begin(size_t bucket) const;
+
+  DistributedDataParallel& ddp_;
+  ProcessGroup& pg_;
+  torch::optim::Optimizer& outer_;
+  std::vector<torch::Tensor> flat_params_;  ///< per bucket: the buffer the parameters now live in
+  std::vector<Piece> pieces_;
+  std::vector<torch::Tensor> shards_;       ///< per piece: its parameter elements, .grad set
+  std::unique_ptr<torch::optim::Optimizer> inner_;  ///< over shards_; null when this rank owns none
+  std::vector<size_t> outer_group_;         ///< per group of inner_: the given optimizer's group
+};
+
+}  // namespace mpiddp

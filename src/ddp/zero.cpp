@@ -1,0 +1,229 @@
+#include <mpiddp/compat.hpp>
+#include <mpiddp/error.hpp>
+#include <mpiddp/optim.hpp>
+#include <mpiddp/zero.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace mpiddp {
+
+namespace {
+
+constexpr const char* kUnshardable =
+    "ZeRO shards SGD, Adam and AdamW (and mpiddp's FusedAdam, FusedAdamW); this optimizer is none of them";
+
+// An optimizer of the given one's type and defaults over `groups` (the shards).
+std::unique_ptr<torch::optim::Optimizer> same_kind_over(const torch::optim::Optimizer& like,
+                                                        std::vector<torch::optim::OptimizerParamGroup> groups) {
+  auto defaults = [&like](auto options) {  // the given optimizer's defaults, as that type
+    return static_cast<const decltype(options)&>(like.defaults());
+  };
+  if (dynamic_cast<const FusedAdamW*>(&like)) {
+    return std::make_unique<FusedAdamW>(std::move(groups), defaults(torch::optim::AdamWOptions()));
+  }
+  if (dynamic_cast<const FusedAdam*>(&like)) {
+    return std::make_unique<FusedAdam>(std::move(groups), defaults(torch::optim::AdamOptions()));
+  }
+  switch (optimizer_kind_of(like)) {
+    case OptimizerKind::kSgd:
+      return std::make_unique<torch::optim::SGD>(std::move(groups), defaults(torch::optim::SGDOptions(0)));
+    case OptimizerKind::kAdam:
+      return std::make_unique<torch::optim::Adam>(std::move(groups), defaults(torch::optim::AdamOptions()));
+    case OptimizerKind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(std::move(groups), defaults(torch::optim::AdamWOptions()));
+    case OptimizerKind::kOther: break;
+  }
+  MPIDDP_THROW(kUnshardable);
+}
+
+const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
+  const auto& state = opt.state();
+  const auto it = state.find(compat::optimizer_state_key(state, p.unsafeGetTensorImpl()));
+  return it == state.end() ? nullptr : it->second.get();
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer)
+    : ddp_(ddp), pg_(ddp.process_group()), outer_(optimizer) {
+  MPIDDP_CHECK(ddp.zero_stage() == 1 || ddp.zero_stage() == 2,
+               "ZeroOptimizer needs a DistributedDataParallel made with DdpOptions::zero_stage 1 or 2");
+  MPIDDP_CHECK(optimizer_kind_of(optimizer) != OptimizerKind::kOther, kUnshardable);  // before anything moves
+  const auto& params = ddp.parameters();
+  std::map<const void*, size_t> index;
+  for (size_t i = 0; i < params.size(); ++i) index[params[i].unsafeGetTensorImpl()] = i;
+  std::vector<int64_t> group_of(params.size(), -1);  // -1: a parameter the optimizer does not step
+  const auto& groups = outer_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& p : groups[g].params()) {
+      const auto it = index.find(p.unsafeGetTensorImpl());
+      MPIDDP_CHECK(it != index.end(), "ZeroOptimizer: the optimizer holds a tensor that DDP does not reduce "
+                                      "(frozen, or not a parameter of the model)");
+      group_of[it->second] = static_cast<int64_t>(g);
+    }
+  }
+
+  // Each bucket's parameters move into one padded buffer (bucket order), so that the all-gather
+  // after a step writes them in place; this rank's slice of it is cut into pieces, one per
+  // parameter it touches.
+  torch::NoGradGuard no_grad;
+  const auto& buckets = ddp.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const auto& layout = buckets[b];
+    auto flat = torch::zeros({layout.padded}, params[layout.params.front()].options());
+    const int64_t lo = slice_begin(b), hi = lo + layout.padded / pg_.size();
+    for (size_t s = 0; s < layout.params.size(); ++s) {
+      const size_t i = layout.params[s];
+      const auto& p = params[i];
+      auto home = flat.narrow(0, layout.offsets[s], p.numel());
+      home.copy_(p.detach().reshape(-1));
+      p.set_data(home.view(p.sizes()));
+      const int64_t begin = std::max(lo, layout.offsets[s]), end = std::min(hi, layout.offsets[s] + p.numel());
+      if (begin < end && group_of[i] >= 0) pieces_.push_back({i, b, begin - layout.offsets[s], begin, end - begin});
+    }
+    flat_params_.push_back(flat);
+  }
+  for (const auto& piece : pieces_) {
+    auto shard = flat_params_[piece.bucket].narrow(0, piece.in_bucket, piece.numel);
+    shard.mutable_grad() =
+        stage() == 1 ? ddp.bucket_gradients(piece.bucket).narrow(0, piece.in_bucket, piece.numel)
+                     : ddp.grad_shard(piece.bucket).narrow(0, piece.in_bucket - slice_begin(piece.bucket), piece.numel);
+    shards_.push_back(shard);
+  }
+
+  std::vector<torch::optim::OptimizerParamGroup> inner_groups;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<torch::Tensor> mine;
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      if (group_of[pieces_[k].param] == static_cast<int64_t>(g)) mine.push_back(shards_[k]);
+    }
+    if (mine.empty()) continue;
+    inner_groups.emplace_back(std::move(mine), groups[g].options().clone());
+    outer_group_.push_back(g);
+  }
+  if (!inner_groups.empty()) inner_ = same_kind_over(outer_, std::move(inner_groups));
+  take_state();
+}
+
+int64_t ZeroOptimizer::slice_begin(size_t bucket) const {
+  return pg_.rank() * (ddp_.buckets()[bucket].padded / pg_.size());
+}
+
+int64_t ZeroOptimizer::owned_numel() const {
+  int64_t n = 0;
+  for (const auto& piece : pieces_) n += piece.numel;
+  return n;
+}
+
+void ZeroOptimizer::take_state() {
+  // A resumed run's state is whole in the given optimizer: each piece keeps its slice of it.
+  const auto kind = optimizer_kind_of(outer_);
+  const auto& params = ddp_.parameters();
+  for (size_t k = 0; k < pieces_.size() && inner_; ++k) {
+    const auto* whole = state_of(outer_, params[pieces_[k].param]);
+    if (!whole) continue;
+    auto fields = state_fields(kind, *whole);
+    for (auto& [name, t] : fields.tensors) t = t.reshape(-1).narrow(0, pieces_[k].in_param, pieces_[k].numel).clone();
+    auto& state = inner_->state();
+    state[compat::optimizer_state_key(state, shards_[k].unsafeGetTensorImpl())] = state_from_fields(kind, fields);
+  }
+  outer_.state().clear();
+}
+
+double ZeroOptimizer::clip_grad_norm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  const auto device = flat_params_.empty() ? c10::Device(c10::kCPU) : flat_params_.front().device();
+  auto squares = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  for (const auto& s : shards_) squares += s.grad().norm().to(torch::kDouble).pow(2);
+  pg_.allreduce(squares, ReduceOp::kSum);
+  const double norm = std::sqrt(squares.cpu().item<double>());
+  const double coef = max_norm / (norm + 1e-6);  // torch::nn::utils::clip_grad_norm_'s rule
+  if (coef < 1) {
+    for (auto& s : shards_) s.mutable_grad().mul_(coef);
+  }
+  return norm;
+}
+
+void ZeroOptimizer::step() {
+  torch::NoGradGuard no_grad;
+  if (inner_) {
+    auto& inner_groups = inner_->param_groups();
+    for (size_t g = 0; g < inner_groups.size(); ++g) {
+      inner_groups[g].set_options(outer_.param_groups()[outer_group_[g]].options().clone());
+    }
+    inner_->step();
+  }
+  std::vector<WorkHandle> gathers;  // each bucket's slice from its owner, in place
+  for (size_t b = 0; b < flat_params_.size(); ++b) {
+    auto& flat = flat_params_[b];
+    gathers.push_back(pg_.allgather_async(flat.narrow(0, slice_begin(b), flat.numel() / pg_.size()), flat));
+  }
+  for (auto& w : gathers) w->wait();
+}
+
+void ZeroOptimizer::gather_state(int root) {
+  torch::NoGradGuard no_grad;
+  const auto kind = optimizer_kind_of(outer_);
+  const auto& params = ddp_.parameters();
+  const auto names = state_field_names(kind);
+  // Which fields each parameter has and its step: every rank learns them from the owners.
+  const auto device = flat_params_.empty() ? c10::Device(c10::kCPU) : flat_params_.front().device();
+  // known[i][0]: parameter i's step + 1 (0: no state yet); known[i][1 + f]: whether it has field f.
+  auto known = torch::zeros({static_cast<int64_t>(params.size()), static_cast<int64_t>(names.size()) + 1},
+                            torch::TensorOptions().dtype(torch::kLong));
+  std::vector<std::map<std::string, torch::Tensor>> piece_fields(pieces_.size());
+  {
+    auto mine = known.accessor<int64_t, 2>();
+    for (size_t k = 0; k < pieces_.size() && inner_; ++k) {
+      const auto* st = state_of(*inner_, shards_[k]);
+      if (!st) continue;
+      const auto fields = state_fields(kind, *st);
+      piece_fields[k] = fields.tensors;
+      const auto i = static_cast<int64_t>(pieces_[k].param);
+      mine[i][0] = fields.step + 1;
+      for (size_t f = 0; f < names.size(); ++f) mine[i][static_cast<int64_t>(f) + 1] = fields.tensors.count(names[f]);
+    }
+  }
+  known = known.to(device);
+  pg_.allreduce(known, ReduceOp::kMax);
+  known = known.cpu();
+  const auto has = known.accessor<int64_t, 2>();
+
+  std::vector<ParamStateFields> whole(params.size());
+  for (size_t f = 0; f < names.size(); ++f) {
+    for (size_t b = 0; b < flat_params_.size(); ++b) {
+      const auto& layout = ddp_.buckets()[b];
+      bool any = false;
+      for (size_t i : layout.params) any = any || has[static_cast<int64_t>(i)][static_cast<int64_t>(f) + 1];
+      if (!any) continue;  // the same verdict on every rank
+      auto slice = torch::zeros({layout.padded / pg_.size()}, flat_params_[b].options());
+      for (size_t k = 0; k < pieces_.size(); ++k) {
+        const auto it = piece_fields[k].find(names[f]);
+        if (pieces_[k].bucket != b || it == piece_fields[k].end()) continue;
+        slice.narrow(0, pieces_[k].in_bucket - slice_begin(b), pieces_[k].numel).copy_(it->second.reshape(-1));
+      }
+      auto full = torch::empty({layout.padded}, slice.options());
+      pg_.allgather(slice, full);
+      if (root >= 0 && pg_.rank() != root) continue;
+      for (size_t s = 0; s < layout.params.size(); ++s) {
+        const size_t i = layout.params[s];
+        if (!has[static_cast<int64_t>(i)][static_cast<int64_t>(f) + 1]) continue;
+        whole[i].tensors[names[f]] = full.narrow(0, layout.offsets[s], params[i].numel()).view(params[i].sizes()).clone();
+      }
+    }
+  }
+  if (root >= 0 && pg_.rank() != root) return;
+  auto& state = outer_.state();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t step = has[static_cast<int64_t>(i)][0];
+    if (step == 0) continue;
+    whole[i].step = step - 1;
+    state[compat::optimizer_state_key(state, params[i].unsafeGetTensorImpl())] = state_from_fields(kind, whole[i]);
+  }
+}
+
+void ZeroOptimizer::drop_gathered_state() { outer_.state().clear(); }
+
+}  // namespace mpiddp

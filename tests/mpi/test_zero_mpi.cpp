@@ -1,0 +1,318 @@
+// ZeRO stages 1 and 2 against stage 0 (DDP), at every rank count: the same parameters after several
+// steps (max |diff| <= 1e-6) for the MLP, the CNN and the built-in GPT (tied weights), with
+// SGD+momentum, Adam and AdamW (nanoGPT's decay groups), clipping to the global norm, gradient
+// accumulation and small buckets whose shards cut parameters apart; the shards cover every element
+// once; the gathered optimizer state is DDP's, and a ZeroOptimizer made from it continues the run.
+#include <mpiddp/compat.hpp>
+#include <mpiddp/ddp.hpp>
+#include <mpiddp/gpt.hpp>
+#include <mpiddp/optim.hpp>
+#include <mpiddp/zero.hpp>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <set>
+
+#include "error_of.hpp"
+#include "mpi_test.hpp"
+
+using mpiddp::testing::error_of;
+
+namespace {
+
+constexpr int64_t kBatch = 3;
+
+// A model and this rank's loss on micro-batch `micro` of step `step` (data drawn from the step,
+// micro-batch and rank, so every run sees the same).
+struct Case {
+  std::function<std::shared_ptr<torch::nn::Module>()> make;
+  std::function<torch::Tensor(torch::nn::Module&, int step, int micro, int rank)> loss;
+};
+
+void seed_for(int step, int micro, int rank) { torch::manual_seed(1000 + 100 * step + 10 * micro + rank); }
+
+Case mlp() {  // 20 -> 33 -> 7 -> 4: element counts that no rank count divides
+  return {[] {
+            return std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(20, 33), torch::nn::ReLU(),
+                                                               torch::nn::Linear(33, 7), torch::nn::ReLU(),
+                                                               torch::nn::Linear(7, 4));
+          },
+          [](torch::nn::Module& m, int step, int micro, int rank) {
+            seed_for(step, micro, rank);
+            auto x = torch::randn({kBatch, 20}), y = torch::randn({kBatch, 4});
+            return torch::mse_loss(dynamic_cast<torch::nn::SequentialImpl&>(m).forward(x), y);
+          }};
+}
+
+struct CnnImpl : torch::nn::Module {
+  CnnImpl() {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3)));
+    fc = register_module("fc", torch::nn::Linear(8 * 5 * 5, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::max_pool2d(torch::relu(conv1(x)), 2);
+    h = torch::max_pool2d(torch::relu(conv2(h)), 2);
+    return fc(h.flatten(1));
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+
+Case cnn() {
+  return {[] { return std::make_shared<CnnImpl>(); },
+          [](torch::nn::Module& m, int step, int micro, int rank) {
+            seed_for(step, micro, rank);
+            auto x = torch::randn({kBatch, 1, 28, 28});
+            auto y = torch::randint(0, 10, {kBatch}, torch::kLong);
+            return torch::nn::functional::cross_entropy(dynamic_cast<CnnImpl&>(m).forward(x), y);
+          }};
+}
+
+// Without biases: the key projection's bias has a gradient that is zero but for rounding (softmax
+// ignores a score added to every key alike), and Adam divides that noise by eps into updates of
+// ~1e-6 that any change of summation order (the reduce-scatter's, the clipping norm's) moves.
+mpiddp::GptConfig gpt_config() {
+  mpiddp::GptConfig c;
+  c.bias = false;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 18;
+  c.block_size = 8;
+  c.vocab_size = 37;
+  return c;
+}
+
+Case gpt() {
+  return {[] { return std::make_shared<mpiddp::GptImpl>(gpt_config()); },
+          [](torch::nn::Module& m, int step, int micro, int rank) {
+            seed_for(step, micro, rank);
+            auto tokens = torch::randint(0, 37, {kBatch, 9}, torch::kLong);
+            auto logits = dynamic_cast<mpiddp::GptImpl&>(m).forward(tokens.narrow(1, 0, 8));
+            return torch::nn::functional::cross_entropy(logits.reshape({-1, 37}), tokens.narrow(1, 1, 8).reshape(-1));
+          }};
+}
+
+// Each tensor once (the GPT's lm_head.weight is transformer.wte.weight).
+std::vector<torch::Tensor> distinct(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  std::set<const void*> seen;
+  for (const auto& p : params) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, torch::nn::Module& model) {
+  const auto params = distinct(model.parameters());
+  if (kind == "sgd") return std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  if (kind == "adam") return std::make_shared<mpiddp::FusedAdam>(params, torch::optim::AdamOptions(1e-2));
+  // nanoGPT's groups: matrices decay, vectors do not.
+  std::vector<torch::Tensor> decay, rest;
+  for (const auto& p : params) (p.dim() >= 2 ? decay : rest).push_back(p);
+  const auto o = torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95});
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o).weight_decay(0.1)));
+  groups.emplace_back(rest, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o).weight_decay(0)));
+  return std::make_shared<mpiddp::FusedAdamW>(std::move(groups), o);
+}
+
+struct Spec {
+  int stage = 0;
+  std::string optimizer = "adamw";
+  double clip = 0;      // 0: none
+  int accum = 1;
+  int64_t bucket_cap = mpiddp::kDefaultBucketCapBytes;
+};
+
+struct Training {
+  std::shared_ptr<torch::nn::Module> model;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<mpiddp::DistributedDataParallel> ddp;
+  std::unique_ptr<mpiddp::ZeroOptimizer> zero;
+};
+
+Training start(const Case& c, const Spec& s) {
+  Training r;
+  torch::manual_seed(7);
+  r.model = c.make();
+  mpiddp::DdpOptions d;
+  d.zero_stage = s.stage;
+  d.bucket_cap_bytes = d.first_bucket_cap_bytes = s.bucket_cap;
+  r.ddp = std::make_unique<mpiddp::DistributedDataParallel>(r.model, mpiddp::testing::checked_group("mpi"), d);
+  r.optimizer = make_optimizer(s.optimizer, *r.model);
+  if (s.stage > 0) r.zero = std::make_unique<mpiddp::ZeroOptimizer>(*r.ddp, *r.optimizer);
+  return r;
+}
+
+void train(Training& r, const Case& c, const Spec& s, int first_step, int steps) {
+  const int rank = r.ddp->process_group().rank();
+  for (int step = first_step; step < first_step + steps; ++step) {
+    for (int m = 0; m < s.accum; ++m) {
+      std::optional<mpiddp::DistributedDataParallel::NoSync> local;
+      if (m + 1 < s.accum) local.emplace(r.ddp.get());
+      (c.loss(*r.model, step, m, rank) / s.accum).backward();
+    }
+    if (r.zero) {
+      if (s.clip > 0) r.zero->clip_grad_norm(s.clip);
+      r.zero->step();
+    } else {
+      if (s.clip > 0) torch::nn::utils::clip_grad_norm_(distinct(r.model->parameters()), s.clip);
+      r.optimizer->step();
+    }
+    r.ddp->zero_grad();
+  }
+}
+
+double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return 1e9;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  return worst;
+}
+
+// Stage `stage` against stage 0 after `steps` steps: max |diff| over every parameter.
+double stage_vs_ddp(const Case& c, Spec s, int steps = 4) {
+  const int stage = s.stage;
+  s.stage = 0;
+  Training ddp = start(c, s);
+  train(ddp, c, s, 0, steps);
+  s.stage = stage;
+  Training zero = start(c, s);
+  train(zero, c, s, 0, steps);
+  return max_abs_diff(zero.model->parameters(), ddp.model->parameters());
+}
+
+}  // namespace
+
+TEST(Zero, MlpEveryOptimizerEqualsDdp) {
+  for (const std::string opt : {"sgd", "adam", "adamw"}) {
+    for (int stage : {1, 2}) {
+      Spec s;
+      s.stage = stage;
+      s.optimizer = opt;
+      const double diff = stage_vs_ddp(mlp(), s);
+      MPIDDP_EXPECT_ALL(diff <= 1e-6) << opt << " stage " << stage << ": " << diff;
+    }
+  }
+}
+
+TEST(Zero, MlpClippedAccumulatedSmallBucketsEqualsDdp) {
+  for (int stage : {1, 2}) {
+    Spec s;
+    s.stage = stage;
+    s.clip = 0.05;  // below the gradients' norm: every step clips
+    s.accum = 3;
+    s.bucket_cap = 256;  // many buckets, parameters cut by the shards' borders
+    const double diff = stage_vs_ddp(mlp(), s);
+    MPIDDP_EXPECT_ALL(diff <= 1e-6) << "stage " << stage << ": " << diff;
+  }
+}
+
+TEST(Zero, CnnEqualsDdp) {
+  for (int stage : {1, 2}) {
+    Spec s;
+    s.stage = stage;
+    s.clip = 0.1;
+    s.accum = 2;
+    const double diff = stage_vs_ddp(cnn(), s);
+    MPIDDP_EXPECT_ALL(diff <= 1e-6) << "stage " << stage << ": " << diff;
+  }
+}
+
+TEST(Zero, GptEqualsDdpAndStaysTied) {
+  for (int stage : {1, 2}) {
+    Spec s;
+    s.stage = stage;
+    s.clip = 1.0;
+    s.accum = 2;
+    s.bucket_cap = 4096;
+    const double diff = stage_vs_ddp(gpt(), s);
+    MPIDDP_EXPECT_ALL(diff <= 1e-6) << "stage " << stage << ": " << diff;
+    Training r = start(gpt(), s);
+    train(r, gpt(), s, 0, 2);
+    const auto named = r.model->named_parameters();
+    MPIDDP_EXPECT_ALL(named["lm_head.weight"].is_same(named["transformer.wte.weight"]));
+  }
+}
+
+TEST(Zero, ShardsCoverEveryElementOnce) {
+  for (int stage : {1, 2}) {
+    Spec s;
+    s.stage = stage;
+    s.bucket_cap = 512;
+    Training r = start(gpt(), s);
+    int64_t total = 0;
+    for (const auto& p : distinct(r.model->parameters())) total += p.numel();
+    auto owned = torch::tensor({r.zero->owned_numel()}, torch::kLong);
+    r.ddp->process_group().allreduce(owned);
+    MPIDDP_EXPECT_ALL(owned.item<int64_t>() == total) << owned.item<int64_t>() << " vs " << total;
+    const int n = r.ddp->process_group().size();
+    int64_t bound = 0;  // a rank's share: its slice of every bucket
+    for (const auto& b : r.ddp->buckets()) bound += b.padded / n;
+    MPIDDP_EXPECT_ALL(r.zero->owned_numel() <= bound);
+  }
+}
+
+TEST(Zero, GatheredStateIsDdpsAndResumes) {
+  for (int stage : {1, 2}) {
+    Spec s;
+    s.stage = stage;
+    s.bucket_cap = 1024;
+    s.clip = 0.5;
+    Training ddp = start(gpt(), Spec{0, s.optimizer, s.clip, s.accum, s.bucket_cap});
+    train(ddp, gpt(), s, 0, 3);
+    Training zero = start(gpt(), s);
+    train(zero, gpt(), s, 0, 3);
+    // Gathered on rank 0: DDP's state, parameter by parameter.
+    zero.zero->gather_state(0);
+    const bool root = zero.ddp->process_group().rank() == 0;
+    double worst = 0;
+    size_t states = 0;
+    const auto kind = mpiddp::OptimizerKind::kAdamW;
+    for (const auto& p : distinct(zero.model->parameters())) {
+      const auto& state = zero.optimizer->state();
+      const auto it = state.find(mpiddp::compat::optimizer_state_key(state, p.unsafeGetTensorImpl()));
+      if (it == state.end()) continue;
+      ++states;
+      const auto mine = mpiddp::state_fields(kind, *it->second);
+      // The same parameter of the DDP run: same position in the distinct list.
+      const auto mine_params = distinct(zero.model->parameters()), ref_params = distinct(ddp.model->parameters());
+      const auto k = static_cast<size_t>(std::find_if(mine_params.begin(), mine_params.end(),
+                                                      [&](const auto& q) { return q.is_same(p); }) -
+                                         mine_params.begin());
+      const auto& ref_state = ddp.optimizer->state();
+      const auto ref = mpiddp::state_fields(
+          kind, *ref_state.at(mpiddp::compat::optimizer_state_key(ref_state, ref_params[k].unsafeGetTensorImpl())));
+      worst = std::max(worst, mine.step == ref.step ? 0.0 : 1e9);
+      for (const auto& [name, t] : ref.tensors) worst = std::max(worst, (mine.tensors.at(name) - t).abs().max().item<double>());
+    }
+    MPIDDP_EXPECT_ALL(!root || (states == distinct(zero.model->parameters()).size() && worst <= 1e-6))
+        << "stage " << stage << ": " << states << " states, max diff " << worst;
+    MPIDDP_EXPECT_ALL(root || zero.optimizer->state().empty());
+    // Whole on every rank, a new ZeroOptimizer slices it and the run continues as DDP's.
+    zero.zero->drop_gathered_state();
+    zero.zero->gather_state(-1);
+    zero.zero = std::make_unique<mpiddp::ZeroOptimizer>(*zero.ddp, *zero.optimizer);
+    MPIDDP_EXPECT_ALL(zero.optimizer->state().empty());
+    train(zero, gpt(), s, 3, 2);
+    train(ddp, gpt(), s, 3, 2);
+    const double diff = max_abs_diff(zero.model->parameters(), ddp.model->parameters());
+    MPIDDP_EXPECT_ALL(diff <= 1e-6) << "stage " << stage << " resumed: " << diff;
+  }
+}
+
+TEST(Zero, RefusesWhatItCannotShard) {
+  Spec s;
+  Training plain = start(mlp(), s);  // stage 0
+  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::ZeroOptimizer z(*plain.ddp, *plain.optimizer); }).find("zero_stage 1 or 2") !=
+                    std::string::npos);
+  s.stage = 2;
+  Training r = start(mlp(), s);
+  torch::optim::RMSprop other(r.model->parameters(), torch::optim::RMSpropOptions(0.01));
+  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::ZeroOptimizer z(*r.ddp, other); }).find("ZeRO shards SGD, Adam and AdamW") !=
+                    std::string::npos);
+}
