@@ -45,6 +45,23 @@ for n in 1 2 3 4; do
   check "np$n: a progress line per log record" \
     [ "$(grep -c '^epoch [0-9]*/3, step ' <<<"$out")" -eq "$(grep -c '"kind":"log"' "$tmp/m$n.jsonl")" ]
 done
+# Token data (the built-in GPT on llm.c shards): tokens/s, in the JSON lines and the event files,
+# is samples/s times the block size.
+printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 1 60) >"$tmp/text.txt"
+"$mpiddp" data text --in "$tmp/text.txt" --out "$tmp/tok" >/dev/null
+run_np 2 "$mpiddp" train --model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --vocab-size 256 \
+  --data "$tmp/tok_train_000001.bin" --test-data "$tmp/tok_val_000000.bin" --batch-size 4 --epochs 2 --log-every 2 \
+  --threads 1 --tensorboard "$tmp/tbg" --metrics "$tmp/g.jsonl"
+check "gpt np2: exit 0" [ "$rc" -eq 0 ]
+check "gpt np2: every scalar read back equals the JSON metrics (tokens/s among them)" read_back "$tmp/tbg" "$tmp/g.jsonl"
+check "gpt np2: tokens/s = samples/s x block size in every record, train/ and epoch/" "$DEBIAN_PYTHON" - "$tmp/g.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+kinds = {r["kind"] for r in rows if "tokens_per_s" in r}
+ok = all(abs(r["tokens_per_s"] - 16 * r["samples_per_s"]) <= 1e-6 * r["tokens_per_s"] for r in rows)
+sys.exit(0 if ok and kinds == {"log", "epoch"} and all("tokens_per_s" in r for r in rows) else 1)
+PY
+
 # The reader is not blind: one flipped bit in the middle of the file fails its CRC check.
 cp -r "$tmp/tb2" "$tmp/tbx"
 "$DEBIAN_PYTHON" -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 4; open(p, "wb").write(b)' \

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The largest GPT that trains at --zero-stage 2 but not at stage 0 under one memory limit: 2 ranks
+# x 1 thread in a memory cgroup (v1 or v2; the job's whole memory, as Slurm's ConstrainRAMSpace
+# limits a job on a node) of LIMIT_GIB, nanoGPT's GPT of LAYERS x 1152 wide (block 64, vocabulary
+# 256), AdamW, 2 steps of micro-batch 1, for each size and stage: whether it trained (else the
+# kernel's OOM killer ended a rank) and the cgroup's peak memory. Needs root (it makes the cgroup).
+#   usage: bench/zero_fit.sh [BUILD_DIR] [LIMIT_GIB] [LAYERS...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+limit_gib=${2:-8}
+shift $(($# > 2 ? 2 : $#))
+layers=("$@")
+[ ${#layers[@]} -gt 0 ] || layers=(8 12 16 20 24)
+out=${OUT_DIR:-$build/bench-zero}
+source scripts/env.sh
+mkdir -p "$out"
+bash scripts/build.sh "$build" >&2
+[ -s "$out/text_train_000001.bin" ] || "$build/mpiddp" data text --in /usr/share/common-licenses/GPL-3 \
+  /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/GFDL-1.3 --out "$out/text" >&2
+width=1152 heads=16 block=64 vocab=256
+
+# A fresh cgroup per run (its peak counter starts at zero): v2 where mounted as such, else v1.
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  root=/sys/fs/cgroup limit_file=memory.max peak_file=memory.peak
+else
+  root=/sys/fs/cgroup/memory limit_file=memory.limit_in_bytes peak_file=memory.max_usage_in_bytes
+fi
+run_limited() {  # run_limited LOG CMD...: prints "<exit status> <peak bytes>"
+  local log=$1 cg=$root/mpiddp-zero-fit-$$ rc=0
+  shift
+  mkdir "$cg"
+  echo $((limit_gib << 30)) >"$cg/$limit_file"
+  [ -f "$cg/memory.memsw.limit_in_bytes" ] && echo $((limit_gib << 30)) >"$cg/memory.memsw.limit_in_bytes" 2>/dev/null
+  bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" "$@" >"$log" 2>&1 || rc=$?
+  echo "$rc $(cat "$cg/$peak_file" 2>/dev/null || echo 0)"
+  rmdir "$cg"
+}
+
+echo "limit ${limit_gib} GiB for the 2-rank job; GPT L x ${width} wide, ${heads} heads, block ${block}, vocabulary ${vocab}"
+echo "| layers | parameters | stage 0 | stage 2 |"
+echo "|---|---|---|---|"
+for l in "${layers[@]}"; do
+  params=$((l * (12 * width * width + 13 * width) + vocab * width + block * width + 2 * width))
+  row="| $l | $(awk -v p=$params 'BEGIN { printf "%.0f M", p / 1e6 }') |"
+  for stage in 0 2; do
+    read -r rc peak < <(run_limited "$out/fit-L$l-s$stage.log" mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core \
+      "$build/mpiddp" train --model gpt --n-layer "$l" --n-head $heads --n-embd $width --block-size $block \
+      --vocab-size $vocab --data "$out/text_train_000001.bin" --batch-size 1 --max-steps 2 --optimizer adamw \
+      --lr 6e-4 --weight-decay 0.1 --weight-decay-params matrices --zero-stage $stage --threads 1 --log-every 0)
+    peak_gib=$(awk -v b="$peak" 'BEGIN { printf "%.2f", b / 2^30 }')
+    if [ "$rc" -eq 0 ]; then row+=" trains (peak ${peak_gib} GiB) |"; else row+=" **out of memory** (exit $rc) |"; fi
+  done
+  echo "$row"
+done
