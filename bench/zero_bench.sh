@@ -4,7 +4,10 @@
 # one call, rounds interleaved. Per stage: each rank's peak RSS (GNU time) in the long run, the
 # saving against stage 0 and its share of the ideal saving (stage 1: 8 B/param x (N-1)/N, Adam's
 # two moments; stage 2: 12 B/param x (N-1)/N, also the gradient); tokens/s as the wall-clock
-# marginal of two run lengths (start-up cancels) and its ratio to stage 0's.
+# marginal of two run lengths (start-up cancels) and its ratio to stage 0's. Buckets of 2 MiB at
+# every stage (MPIDDP_ZERO_BUCKET_MB): stage 2 holds up to two buckets' buffers while they are
+# reduced, and the all-gather after the step one bucket's, so a bucket must be small against the
+# model (the 25 MiB default is half of this one's 43 MB of gradients).
 #   usage: bench/zero_bench.sh [BUILD_DIR] [ROUNDS] [RANKS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +21,7 @@ bash scripts/deps.sh time >&2
 bash scripts/build.sh "$build" >&2
 [ -s "$out/text_train_000001.bin" ] || "$build/mpiddp" data text --in /usr/share/common-licenses/GPL-3 \
   /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/GFDL-1.3 --out "$out/text" >&2
-layers=6 heads=6 width=384 block=256 vocab=256 batch=4
+layers=6 heads=6 width=384 block=256 vocab=256 batch=4 bucket_mb=${MPIDDP_ZERO_BUCKET_MB:-2}
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for stage in 0 1 2; do
@@ -29,7 +32,8 @@ for round in $(seq 1 "$rounds"); do
         --model gpt --n-layer $layers --n-head $heads --n-embd $width --block-size $block --vocab-size $vocab \
         --data "$out/text_train_000001.bin" --batch-size $batch --max-steps $steps --epochs 1000 \
         --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight-decay 0.1 --weight-decay-params matrices \
-        --clip-grad-norm 1.0 --zero-stage $stage --threads 1 --log-every 0 >/dev/null
+        --clip-grad-norm 1.0 --zero-stage $stage --bucket-cap-mb "$bucket_mb" --first-bucket-cap-mb 1 --threads 1 \
+        --log-every 0 >/dev/null
       t1=$(date +%s.%N)
       /usr/bin/python3 -c 'import json, sys
 print(json.dumps({"round": int(sys.argv[1]), "stage": int(sys.argv[2]), "steps": int(sys.argv[3]),
@@ -55,7 +59,8 @@ def per_stage(stage):
         peaks.append(max(long["rss_kib"]) * 1024)
     return statistics.median(rates), statistics.median(peaks), rates
 base_rate, base_peak, _ = per_stage(0)
-print(f"GPT {L} layers x {C} wide, block {T}, vocabulary {V}: {params / 1e6:.2f} M parameters; {N} ranks x 1 thread")
+print(f"GPT {L} layers x {C} wide, block {T}, vocabulary {V}: {params / 1e6:.2f} M parameters; {N} ranks x 1 thread; "
+      f"medians over {len({r['round'] for r in rows})} rounds")
 print("| stage | peak RSS per rank, MiB | saved vs stage 0, MiB | ideal saving, MiB | share of ideal | tokens/s | vs stage 0 |")
 print("|---|---|---|---|---|---|---|")
 for stage in (0, 1, 2):

@@ -86,6 +86,8 @@ struct TrainerOptions {
   /// parameters only (gradients all-reduced, parameters all-gathered after the step); 2 also only
   /// its 1/N of the averaged gradient (buckets reduce-scattered during backward). The optimizer
   /// must be SGD, Adam or AdamW. Snapshots stay whole: a run resumes at any stage and rank count.
+  /// The state lives in the shards during fit() and ends with it (gathering it whole on every rank
+  /// would cost what stage 0 costs): after fit() the optimizer holds none; continue from a snapshot.
   int zero_stage = 0;
   uint64_t seed = 0;          ///< the sampler's shuffle
   bool shuffle = true;

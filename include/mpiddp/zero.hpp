@@ -1,8 +1,8 @@
 // ZeroOptimizer: ZeRO stages 1 and 2 (DeepSpeed's names) over a DistributedDataParallel whose
 // buckets it shards. Each bucket's buffer is padded to a multiple of the world size N and rank r
 // owns its r-th equal slice (Megatron's distributed optimizer shards per bucket the same way): the
-// optimizer keeps state only for the owned slices; after its step the parameters are all-gathered,
-// bucket by bucket, in place. At stage 1 DDP all-reduces as usual and the owned slices are read out
+// optimizer keeps state only for the owned slices (views of the parameters' own elements); after
+// its step every bucket's parameters are all-gathered through a buffer of one bucket. At stage 1 DDP all-reduces as usual and the owned slices are read out
 // of the averaged buckets; at stage 2 DDP reduce-scatters each bucket during backward and keeps
 // only the owned slice of the gradient (DdpOptions::zero_stage).
 //
@@ -17,9 +17,8 @@
 //   zero.step();                       // the owned slices stepped, parameters all-gathered
 //   ddp.zero_grad();
 //
-// The parameters are moved into the padded bucket buffers when it is made (Tensor::set_data: the
-// same tensors, so modules, tied weights and optimizer references stay valid); do not move the
-// model to another device after that. Hyperparameters are read from the given optimizer's groups
+// The parameters must be contiguous and stay where they are (do not move the model to another
+// device after making it: the views would go stale). Hyperparameters are read from the given optimizer's groups
 // at every step (a learning-rate schedule sets them there, as before). Its state is sliced once
 // when it is made (a resumed snapshot) and gathered back into it for a snapshot (gather_state).
 //
@@ -31,6 +30,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,8 +46,8 @@ class ZeroOptimizer {
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   int stage() const { return ddp_.zero_stage(); }
-  /// This rank's slices of the parameters, each a view of its bucket's parameter buffer whose
-  /// .grad is its slice of the averaged gradient (for unscaling and checks: GradScaler::unscale).
+  /// This rank's slices of the parameters, each a view of a parameter's elements whose .grad is
+  /// the same elements of the averaged gradient (for unscaling and checks: GradScaler::unscale).
   const std::vector<torch::Tensor>& shards() const { return shards_; }
   /// Parameter elements whose optimizer state this rank holds.
   int64_t owned_numel() const;
@@ -76,11 +76,13 @@ class ZeroOptimizer {
   };
   void take_state();
   int64_t slice_begin(size_t bucket) const;
+  /// visit(parameter, first element in it, first element in the bucket, count) for every
+  /// parameter with elements in this rank's slice of `bucket`, in bucket order.
+  void for_each_in_slice(size_t bucket, const std::function<void(size_t, int64_t, int64_t, int64_t)>& visit) const;
 
   DistributedDataParallel& ddp_;
   ProcessGroup& pg_;
   torch::optim::Optimizer& outer_;
-  std::vector<torch::Tensor> flat_params_;  ///< per bucket: the buffer the parameters now live in
   std::vector<Piece> pieces_;
   std::vector<torch::Tensor> shards_;       ///< per piece: its parameter elements, .grad set
   std::unique_ptr<torch::optim::Optimizer> inner_;  ///< over shards_; null when this rank owns none

@@ -421,7 +421,11 @@ void DistributedDataParallel::poll_launched() {
   // collectives advance only inside MPI calls) and notes when each finished, for the timeline.
   for (size_t k = 0; k < next_to_launch_; ++k) {
     Bucket& b = *buckets_[k];
-    if (b.completed == Timeline::Clock::time_point{} && b.work && b.work->test()) b.completed = Timeline::Clock::now();
+    if (b.completed == Timeline::Clock::time_point{} && b.work && b.work->test()) {
+      b.completed = Timeline::Clock::now();
+      // Stage 2: the slice is in the shard; the bucket's buffer goes now, not at the end of backward.
+      if (b.scatter) b.flat = b.wire = torch::Tensor();
+    }
   }
 }
 
@@ -507,8 +511,10 @@ void DistributedDataParallel::finish_reduction() {
       Bucket& b = *buckets_[k];
       b.work->wait();
       if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
+      if (b.scatter) b.flat = b.wire = torch::Tensor();
       if (timeline_->enabled()) {
-        timeline_->span("allreduce bucket " + std::to_string(k), "comm", b.launched, b.completed);
+        timeline_->span((b.scatter ? "reduce-scatter bucket " : "allreduce bucket ") + std::to_string(k), "comm",
+                        b.launched, b.completed);
       }
       // Each .grad is its view of the bucket (stage 2: the shard is what is kept): it now holds
       // the average. The divisor is a tensor of the bucket's own dtype: a Scalar would be wrapped

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 
 namespace mpiddp {
@@ -65,28 +66,20 @@ ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimiz
     }
   }
 
-  // Each bucket's parameters move into one padded buffer (bucket order), so that the all-gather
-  // after a step writes them in place; this rank's slice of it is cut into pieces, one per
-  // parameter it touches.
+  // This rank's slice of each bucket, cut into pieces: one per parameter it touches, a view of
+  // that parameter's own elements whose .grad is the same elements of the averaged gradient.
   torch::NoGradGuard no_grad;
   const auto& buckets = ddp.buckets();
+  for (const auto& p : params) {
+    MPIDDP_CHECK(p.is_contiguous(), "ZeRO needs contiguous parameters (a view of each is stepped in place)");
+  }
   for (size_t b = 0; b < buckets.size(); ++b) {
-    const auto& layout = buckets[b];
-    auto flat = torch::zeros({layout.padded}, params[layout.params.front()].options());
-    const int64_t lo = slice_begin(b), hi = lo + layout.padded / pg_.size();
-    for (size_t s = 0; s < layout.params.size(); ++s) {
-      const size_t i = layout.params[s];
-      const auto& p = params[i];
-      auto home = flat.narrow(0, layout.offsets[s], p.numel());
-      home.copy_(p.detach().reshape(-1));
-      p.set_data(home.view(p.sizes()));
-      const int64_t begin = std::max(lo, layout.offsets[s]), end = std::min(hi, layout.offsets[s] + p.numel());
-      if (begin < end && group_of[i] >= 0) pieces_.push_back({i, b, begin - layout.offsets[s], begin, end - begin});
-    }
-    flat_params_.push_back(flat);
+    for_each_in_slice(b, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t numel) {
+      if (group_of[i] >= 0) pieces_.push_back({i, b, in_param, in_bucket, numel});
+    });
   }
   for (const auto& piece : pieces_) {
-    auto shard = flat_params_[piece.bucket].narrow(0, piece.in_bucket, piece.numel);
+    auto shard = params[piece.param].detach().view(-1).narrow(0, piece.in_param, piece.numel);
     shard.mutable_grad() =
         stage() == 1 ? ddp.bucket_gradients(piece.bucket).narrow(0, piece.in_bucket, piece.numel)
                      : ddp.grad_shard(piece.bucket).narrow(0, piece.in_bucket - slice_begin(piece.bucket), piece.numel);
@@ -134,7 +127,8 @@ void ZeroOptimizer::take_state() {
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
   torch::NoGradGuard no_grad;
-  const auto device = flat_params_.empty() ? c10::Device(c10::kCPU) : flat_params_.front().device();
+  const auto& params = ddp_.parameters();
+  const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   auto squares = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
   for (const auto& s : shards_) squares += s.grad().norm().to(torch::kDouble).pow(2);
   pg_.allreduce(squares, ReduceOp::kSum);
@@ -155,12 +149,42 @@ void ZeroOptimizer::step() {
     }
     inner_->step();
   }
-  std::vector<WorkHandle> gathers;  // each bucket's slice from its owner, in place
-  for (size_t b = 0; b < flat_params_.size(); ++b) {
-    auto& flat = flat_params_[b];
-    gathers.push_back(pg_.allgather_async(flat.narrow(0, slice_begin(b), flat.numel() / pg_.size()), flat));
+  // Each bucket's parameters, every rank's slice from its owner: a buffer of the bucket's layout,
+  // this rank's slice filled from its parameters, all-gathered in place, copied out. One bucket
+  // at a time, so that the buffer costs one bucket, not the model.
+  const auto& params = ddp_.parameters();
+  for (size_t b = 0; b < ddp_.buckets().size(); ++b) {
+    const auto& layout = ddp_.buckets()[b];
+    auto flat = torch::empty({layout.padded}, params[layout.params.front()].options());
+    flat.narrow(0, layout.numel, layout.padded - layout.numel).zero_();
+    const int64_t lo = slice_begin(b), hi = lo + layout.padded / pg_.size();
+    for_each_in_slice(b, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t numel) {
+      flat.narrow(0, in_bucket, numel).copy_(params[i].detach().view(-1).narrow(0, in_param, numel));
+    });
+    pg_.allgather(flat.narrow(0, lo, hi - lo), flat);
+    for (size_t s = 0; s < layout.params.size(); ++s) {  // the elements other ranks own
+      const auto& p = params[layout.params[s]];
+      const int64_t begin = layout.offsets[s], end = begin + p.numel();
+      auto mine = p.detach().view(-1);
+      if (begin < lo) mine.narrow(0, 0, std::min(end, lo) - begin).copy_(flat.narrow(0, begin, std::min(end, lo) - begin));
+      if (end > hi) {
+        const int64_t from = std::max(begin, hi);
+        mine.narrow(0, from - begin, end - from).copy_(flat.narrow(0, from, end - from));
+      }
+    }
   }
-  for (auto& w : gathers) w->wait();
+}
+
+void ZeroOptimizer::for_each_in_slice(size_t bucket,
+                                      const std::function<void(size_t, int64_t, int64_t, int64_t)>& visit) const {
+  const auto& layout = ddp_.buckets()[bucket];
+  const int64_t lo = slice_begin(bucket), hi = lo + layout.padded / pg_.size();
+  for (size_t s = 0; s < layout.params.size(); ++s) {
+    const size_t i = layout.params[s];
+    const int64_t begin = std::max(lo, layout.offsets[s]);
+    const int64_t end = std::min(hi, layout.offsets[s] + ddp_.parameters()[i].numel());
+    if (begin < end) visit(i, begin - layout.offsets[s], begin, end - begin);
+  }
 }
 
 void ZeroOptimizer::gather_state(int root) {
@@ -169,7 +193,7 @@ void ZeroOptimizer::gather_state(int root) {
   const auto& params = ddp_.parameters();
   const auto names = state_field_names(kind);
   // Which fields each parameter has and its step: every rank learns them from the owners.
-  const auto device = flat_params_.empty() ? c10::Device(c10::kCPU) : flat_params_.front().device();
+  const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   // known[i][0]: parameter i's step + 1 (0: no state yet); known[i][1 + f]: whether it has field f.
   auto known = torch::zeros({static_cast<int64_t>(params.size()), static_cast<int64_t>(names.size()) + 1},
                             torch::TensorOptions().dtype(torch::kLong));
@@ -193,12 +217,12 @@ void ZeroOptimizer::gather_state(int root) {
 
   std::vector<ParamStateFields> whole(params.size());
   for (size_t f = 0; f < names.size(); ++f) {
-    for (size_t b = 0; b < flat_params_.size(); ++b) {
+    for (size_t b = 0; b < ddp_.buckets().size(); ++b) {
       const auto& layout = ddp_.buckets()[b];
       bool any = false;
       for (size_t i : layout.params) any = any || has[static_cast<int64_t>(i)][static_cast<int64_t>(f) + 1];
       if (!any) continue;  // the same verdict on every rank
-      auto slice = torch::zeros({layout.padded / pg_.size()}, flat_params_[b].options());
+      auto slice = torch::zeros({layout.padded / pg_.size()}, params[layout.params.front()].options());
       for (size_t k = 0; k < pieces_.size(); ++k) {
         const auto it = piece_fields[k].find(names[f]);
         if (pieces_[k].bucket != b || it == piece_fields[k].end()) continue;

@@ -310,10 +310,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
         result.last_snapshot = snapshot(p);
         clock.restart();
       }
-      if (verdict.stop_signal != 0) {
-        update.return_optimizer_state();
-        return stopped(result, p, verdict.stop_signal, note);
-      }
+      if (verdict.stop_signal != 0) return stopped(result, p, verdict.stop_signal, note);
     }
     p.seconds += clock.lap();
     EpochMetrics m = finish_epoch(p, epoch_start, update.loss_scale(), batches);
@@ -326,7 +323,6 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     }
     if (snapshots.after_epoch(p, plan.last_epoch(p))) result.last_snapshot = snapshot(p.next_epoch());
   }
-  update.return_optimizer_state();
   result.global_step = p.global_step;
   return result;
 }

@@ -35,10 +35,6 @@ std::shared_ptr<void> Update::whole_optimizer_state() {
   return std::shared_ptr<void>(nullptr, [zero = zero_.get()](void*) { zero->drop_gathered_state(); });
 }
 
-void Update::return_optimizer_state() {
-  if (zero_) zero_->gather_state(-1);
-}
-
 void Update::save_state(RunPosition& p) const {
   if (!scaler_) return;
   p.loss_scale = scaler_->scale_value();

@@ -42,9 +42,6 @@ class Update {
   /// While the returned guard lives, the optimizer holds its whole state on rank 0, as a snapshot
   /// reads it (under ZeRO gathered from the shards, and dropped again with the guard).
   std::shared_ptr<void> whole_optimizer_state();
-  /// At the end of a run: under ZeRO the whole state goes back into the optimizer on every rank
-  /// (a later fit() or the caller finds it there). Collective under ZeRO.
-  void return_optimizer_state();
 
  private:
   torch::optim::Optimizer& optimizer_;
