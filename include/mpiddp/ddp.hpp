@@ -171,6 +171,8 @@ class DistributedDataParallel {
   void on_gradient(size_t param);
   void adopt_gradient(size_t param);
   torch::Tensor& scatter_buffer(Bucket& b);  ///< stage 2: the bucket's buffer, made when first needed
+  void bound_scatter_buffers();               ///< stage 2: waits for old buckets to drop their buffers
+  void drop_scatter_buffer(Bucket& b);        ///< stage 2, reduced: the buffer and the handle go
   void launch_ready_buckets(bool at_end);
   void launch(Bucket& b);
   void poll_launched();

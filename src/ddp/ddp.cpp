@@ -335,7 +335,9 @@ void DistributedDataParallel::abandon_pass() noexcept {
   // sums, which the next step is expected to zero. An error while waiting is kept for the next
   // call into DDP: a destructor must not throw.
   try {
-    for (size_t k = 0; k < next_to_launch_; ++k) buckets_[k]->work->wait();
+    for (size_t k = 0; k < next_to_launch_; ++k) {
+      if (buckets_[k]->work) buckets_[k]->work->wait();
+    }
   } catch (...) {
     abandoned_error_ = std::current_exception();
   }
@@ -423,8 +425,7 @@ void DistributedDataParallel::poll_launched() {
     Bucket& b = *buckets_[k];
     if (b.completed == Timeline::Clock::time_point{} && b.work && b.work->test()) {
       b.completed = Timeline::Clock::now();
-      // Stage 2: the slice is in the shard; the bucket's buffer goes now, not at the end of backward.
-      if (b.scatter) b.flat = b.wire = torch::Tensor();
+      if (b.scatter) drop_scatter_buffer(b);  // the slice is in the shard: the buffer goes now
     }
   }
 }
@@ -471,7 +472,30 @@ void DistributedDataParallel::launch_ready_buckets(bool at_end) {
     }
     launch(b);
     ++next_to_launch_;
+    if (b.scatter) bound_scatter_buffers();
   }
+}
+
+void DistributedDataParallel::bound_scatter_buffers() {
+  // Stage 2: at most kScatterBuffersInFlight launched buckets keep their buffers; an older one is
+  // waited for and dropped, so the whole gradient never exists at once (MPI's non-blocking
+  // collectives move only when polled, and late buckets see few gradient hooks to poll them).
+  constexpr size_t kScatterBuffersInFlight = 2;
+  size_t live = 0;
+  for (size_t k = next_to_launch_; k-- > 0;) {
+    Bucket& b = *buckets_[k];
+    if (!b.scatter || !b.flat.defined() || ++live <= kScatterBuffersInFlight) continue;
+    b.work->wait();
+    if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
+    drop_scatter_buffer(b);
+  }
+}
+
+void DistributedDataParallel::drop_scatter_buffer(Bucket& b) {
+  // The collective's handle holds its tensors too: it goes with them (a finished one has nothing
+  // left to wait for).
+  b.flat = b.wire = torch::Tensor();
+  b.work.reset();
 }
 
 void DistributedDataParallel::backward(const torch::Tensor& loss) {
@@ -509,9 +533,9 @@ void DistributedDataParallel::finish_reduction() {
     launch_ready_buckets(true);
     for (size_t k = 0; k < buckets_.size(); ++k) {
       Bucket& b = *buckets_[k];
-      b.work->wait();
+      if (b.work) b.work->wait();  // stage 2: none once its buffer was dropped
       if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
-      if (b.scatter) b.flat = b.wire = torch::Tensor();
+      if (b.scatter) drop_scatter_buffer(b);
       if (timeline_->enabled()) {
         timeline_->span((b.scatter ? "reduce-scatter bucket " : "allreduce bucket ") + std::to_string(k), "comm",
                         b.launched, b.completed);
