@@ -27,14 +27,21 @@ else
   root=/sys/fs/cgroup/memory limit_file=memory.limit_in_bytes peak_file=memory.max_usage_in_bytes
 fi
 run_limited() {  # run_limited LOG CMD...: prints "<exit status> <peak bytes>"
-  local log=$1 cg=$root/mpiddp-zero-fit-$$ rc=0
+  local log=$1 cg=$root/mpiddp-zero-fit-$$-$RANDOM rc=0
   shift
   mkdir "$cg"
   echo $((limit_gib << 30)) >"$cg/$limit_file"
   [ -f "$cg/memory.memsw.limit_in_bytes" ] && echo $((limit_gib << 30)) >"$cg/memory.memsw.limit_in_bytes" 2>/dev/null
   bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" "$@" >"$log" 2>&1 || rc=$?
   echo "$rc $(cat "$cg/$peak_file" 2>/dev/null || echo 0)"
-  rmdir "$cg"
+  # After an OOM kill the job's other processes may still be on their way out.
+  for _ in $(seq 1 30); do
+    xargs -r kill -9 <"$cg/cgroup.procs" 2>/dev/null || true
+    rmdir "$cg" 2>/dev/null && return 0
+    sleep 1
+  done
+  echo "zero_fit.sh: error: cannot remove the cgroup $cg" >&2
+  return 1
 }
 
 echo "limit ${limit_gib} GiB for the 2-rank job; GPT L x ${width} wide, ${heads} heads, block ${block}, vocabulary ${vocab}"
