@@ -52,6 +52,9 @@ class FusedAdamW : public torch::optim::AdamW {
 enum class OptimizerKind { kSgd, kAdam, kAdamW, kOther };
 OptimizerKind optimizer_kind_of(const torch::optim::Optimizer& opt);
 
+/// The state `opt` holds for parameter `p` (nullptr: none yet).
+const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p);
+
 /// One parameter's optimizer state as named tensors: SGD's "momentum_buffer"; Adam's and AdamW's
 /// "exp_avg", "exp_avg_sq" and (amsgrad) "max_exp_avg_sq", with their step count. Undefined tensors
 /// are left out.

@@ -39,19 +39,13 @@ std::unique_ptr<torch::optim::Optimizer> same_kind_over(const torch::optim::Opti
   MPIDDP_THROW(kUnshardable);
 }
 
-const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
-  const auto& state = opt.state();
-  const auto it = state.find(compat::optimizer_state_key(state, p.unsafeGetTensorImpl()));
-  return it == state.end() ? nullptr : it->second.get();
-}
-
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer)
     : ddp_(ddp), pg_(ddp.process_group()), outer_(optimizer) {
   MPIDDP_CHECK(ddp.zero_stage() == 1 || ddp.zero_stage() == 2,
                "ZeroOptimizer needs a DistributedDataParallel made with DdpOptions::zero_stage 1 or 2");
-  MPIDDP_CHECK(optimizer_kind_of(optimizer) != OptimizerKind::kOther, kUnshardable);  // before anything moves
+  MPIDDP_CHECK(optimizer_kind_of(optimizer) != OptimizerKind::kOther, kUnshardable);
   const auto& params = ddp.parameters();
   std::map<const void*, size_t> index;
   for (size_t i = 0; i < params.size(); ++i) index[params[i].unsafeGetTensorImpl()] = i;

@@ -190,6 +190,12 @@ std::unique_ptr<State> adam_state(const ParamStateFields& f) {
 
 }  // namespace
 
+const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
+  const auto& state = opt.state();
+  const auto it = state.find(compat::optimizer_state_key(state, p.unsafeGetTensorImpl()));
+  return it == state.end() ? nullptr : it->second.get();
+}
+
 OptimizerKind optimizer_kind_of(const torch::optim::Optimizer& opt) {
   if (dynamic_cast<const torch::optim::SGD*>(&opt)) return OptimizerKind::kSgd;
   if (dynamic_cast<const torch::optim::AdamW*>(&opt)) return OptimizerKind::kAdamW;

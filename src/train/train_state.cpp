@@ -14,12 +14,6 @@ namespace mpiddp::detail {
 
 namespace {
 
-const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
-  const auto& state = opt.state();
-  auto it = state.find(compat::optimizer_state_key(state, p.unsafeGetTensorImpl()));
-  return it == state.end() ? nullptr : it->second.get();
-}
-
 // The generators this rank draws from: the CPU one, and the GPU's when training there.
 std::vector<at::Generator> generators(c10::Device device) {
   std::vector<at::Generator> g{at::globalContext().defaultGenerator(c10::Device(c10::kCPU))};
