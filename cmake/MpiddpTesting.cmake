@@ -56,6 +56,11 @@ function(mpiddp_add_mpi_test name)
   endforeach()
 endfunction()
 
+# The Python that the system tests' Python side runs (TorchScript models and exports, the PyTorch
+# references, TensorBoard and HDF5 read-back): it needs torch, h5py and protobuf. Debian's by default
+# (python3-torch, python3-h5py); the pip stack names its venv's, so the references run the same torch.
+set(MPIDDP_TEST_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with torch, h5py and protobuf for the system tests")
+
 string(JOIN " " _mpiddp_flags_text ${MPIDDP_MPIEXEC_FLAGS})
 set(MPIDDP_BACKENDS_TEXT "mpi")
 if(MPIDDP_HAS_NCCL)
@@ -67,5 +72,5 @@ endif()
 function(mpiddp_add_script_test name script)
   add_test(NAME system.${name} COMMAND bash ${script} ${ARGN})
   set_tests_properties(system.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS system
-                       ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT};MPIEXEC=${MPIEXEC_EXECUTABLE};MPIEXEC_FLAGS=${_mpiddp_flags_text}")
+                       ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT};MPIEXEC=${MPIEXEC_EXECUTABLE};MPIEXEC_FLAGS=${_mpiddp_flags_text};MPIDDP_TEST_PYTHON=${MPIDDP_TEST_PYTHON}")
 endfunction()

@@ -6,6 +6,9 @@
 #                           A value the user gives (-DCMAKE_CXX_STANDARD=20) is kept, and checked.
 #   mpiddp_gloo_dtypes(INCLUDE_DIR)   sets MPIDDP_GLOO_HALF and MPIDDP_GLOO_BFLOAT16 (1 yes, 0 no,
 #                                     -1 gloo does not say: compat.hpp decides).
+#   mpiddp_use_one_torch()            TORCH_LIBRARIES from libtorch's own lib/ (MPIDDP_TORCH_LIB_DIR)
+#                                     only; says which libtorch
+#   mpiddp_nccl_version(HEADER OUT)   NCCL's version from nccl.h
 
 # Preprocesses one line including libtorch's umbrella header at C++<std>: the #error that newer
 # headers raise for an older standard fires here in about a second, with no compile or link.
@@ -67,4 +70,57 @@ function(mpiddp_gloo_dtypes include_dir)
     set(how "gloo without GLOO_USE_TORCH_DTYPES: float16 as gloo::float16")
   endif()
   message(STATUS "mpiddp: Gloo dtypes: ${how}")
+endfunction()
+
+# One libtorch per build, said once. TorchConfig adds c10 to TORCH_LIBRARIES by find_library(... PATHS
+# <its lib/>), where the system's directories come first: beside a system libtorch (Debian's
+# libtorch-dev) a wheel's build would link the system's libc10 as well as its own, two c10 in one
+# process (heap corruption at exit). Every library in TORCH_LIBRARIES that libtorch's own lib/ has is
+# taken from there; the torch target itself comes from Caffe2Targets and must lie there too, or two
+# installations got mixed (another Caffe2Config was found first) and configuring stops.
+# PyTorch's wheels also export their own copies of parts of libstdc++ from libtorch.so (std::filesystem,
+# linked statically from their toolchain; pytorch/pytorch#133437), and the first library in a program's
+# load order answers every call: libtorch.so's std::filesystem::remove_all jumps to address 0. So
+# TORCH_LIBRARIES names the system's libstdc++ first, for every program that links libtorch.
+# Then says which libtorch it is and whether it has CUDA kernels (libtorch_cuda: PyTorch's CUDA wheels
+# and CUDA builds of libtorch; Debian's is CPU only).
+macro(mpiddp_use_one_torch)
+  get_filename_component(MPIDDP_TORCH_LIB_DIR "${TORCH_INSTALL_PREFIX}/lib" REALPATH)
+  set(_torch_libraries)
+  foreach(_item IN LISTS TORCH_LIBRARIES)
+    if(IS_ABSOLUTE "${_item}")
+      get_filename_component(_name "${_item}" NAME)
+      if(EXISTS "${MPIDDP_TORCH_LIB_DIR}/${_name}")
+        set(_item "${MPIDDP_TORCH_LIB_DIR}/${_name}")
+      endif()
+    endif()
+    list(APPEND _torch_libraries "${_item}")
+  endforeach()
+  set(TORCH_LIBRARIES "-Wl,--push-state,--no-as-needed,-lstdc++,--pop-state" ${_torch_libraries})
+  get_target_property(_configs torch IMPORTED_CONFIGURATIONS)
+  list(GET _configs 0 _config)
+  get_target_property(_library torch IMPORTED_LOCATION_${_config})
+  get_filename_component(_library_real "${_library}" REALPATH)
+  get_filename_component(_prefix_real "${TORCH_INSTALL_PREFIX}" REALPATH)
+  string(FIND "${_library_real}" "${_prefix_real}/" _at)
+  if(NOT _at EQUAL 0)
+    message(FATAL_ERROR "mpiddp: two libtorch installations are mixed: TorchConfig from ${TORCH_INSTALL_PREFIX} "
+                        "but libtorch from ${_library} (another Caffe2Config was found first). For a pip wheel pass "
+                        "-DCMAKE_PREFIX_PATH=$(python -c 'import torch; print(torch.utils.cmake_prefix_path)')")
+  endif()
+  if(TARGET torch_cuda)
+    set(_cuda "with CUDA kernels (libtorch_cuda)")
+  else()
+    set(_cuda "CPU only")
+  endif()
+  message(STATUS "mpiddp: libtorch ${Torch_VERSION}, ${_cuda}: ${_library}")
+endmacro()
+
+# NCCL's version as its header states it ("2.28.9").
+function(mpiddp_nccl_version header out)
+  foreach(part MAJOR MINOR PATCH)
+    file(STRINGS ${header} line REGEX "^#define NCCL_${part}[ \t]+[0-9]+")
+    string(REGEX REPLACE ".*NCCL_${part}[ \t]+([0-9]+).*" "\\1" ${part} "${line}")
+  endforeach()
+  set(${out} "${MAJOR}.${MINOR}.${PATCH}" PARENT_SCOPE)
 endfunction()

@@ -17,6 +17,7 @@ struct LibraryVersions {
   std::string mpi;           ///< MPI_Get_library_version, first line
   std::string mpi_standard;  ///< MPI_Get_version, e.g. "3.1"
   std::string torch;
+  std::string torch_cuda;    ///< the CUDA version libtorch's own kernels were built for; empty for a CPU-only libtorch
   std::string nccl;          ///< empty unless built with NCCL
   std::string cuda_runtime;  ///< empty unless built with CUDA
   std::string cuda_driver;   ///< "none" without a driver

@@ -26,6 +26,7 @@ json versions_json(const LibraryVersions& v, const Runtime& rt) {
   j["thread_level_requested"] = thread_level_name(rt.thread_level_requested());
   j["thread_level_provided"] = thread_level_name(rt.thread_level_provided());
   j["libtorch"] = v.torch;
+  j["libtorch_cuda"] = v.torch_cuda.empty() ? json(nullptr) : json(v.torch_cuda);
   j["nccl"] = v.nccl.empty() ? json(nullptr) : json(v.nccl);
   j["cuda_runtime"] = v.cuda_runtime.empty() ? json(nullptr) : json(v.cuda_runtime);
   j["cuda_driver"] = v.cuda_driver.empty() ? json(nullptr) : json(v.cuda_driver);
@@ -98,7 +99,9 @@ std::string format_text(const json& ranks, const json& checks, bool ok) {
       << "  MPI       : " << v["mpi"].get<std::string>() << " (MPI " << v["mpi_standard"].get<std::string>() << ")\n"
       << "  threads   : " << v["thread_level_provided"].get<std::string>() << " (requested "
       << v["thread_level_requested"].get<std::string>() << ")\n"
-      << "  libtorch  : " << v["libtorch"].get<std::string>() << "\n"
+      << "  libtorch  : " << v["libtorch"].get<std::string>()
+      << (v["libtorch_cuda"].is_null() ? std::string(", CPU only") : ", CUDA " + v["libtorch_cuda"].get<std::string>())
+      << "\n"
       << "  NCCL      : " << or_none(v["nccl"]) << "\n"
       << "  CUDA      : " << (v["cuda_runtime"].is_null() ? std::string("not built")
                                                            : "runtime " + v["cuda_runtime"].get<std::string>() +

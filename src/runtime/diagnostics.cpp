@@ -3,6 +3,7 @@
 #include <mpiddp/diagnostics.hpp>
 #include <mpiddp/error.hpp>
 
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <hdf5.h>
 
 #include <algorithm>
@@ -18,15 +19,23 @@
 #endif
 
 namespace mpiddp {
-#if MPIDDP_HAS_CUDA
 namespace {
 
-std::string cuda_version_text(int v) {  // 13000 -> "13.0"
+std::string cuda_version_text(long v) {  // 13000 -> "13.0"
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }
 
+// libtorch's CUDA kernels register CUDA hooks when libtorch_cuda is loaded; a CPU-only libtorch (or
+// an executable that dropped libtorch_cuda at link time) keeps the default hooks, which refuse.
+std::string torch_cuda_version() {
+  try {
+    return cuda_version_text(at::detail::getCUDAHooks().versionCUDART());
+  } catch (const c10::Error&) {
+    return "";
+  }
+}
+
 }  // namespace
-#endif
 
 LibraryVersions library_versions() {
   LibraryVersions v;
@@ -43,6 +52,7 @@ LibraryVersions library_versions() {
   v.mpi_standard = std::to_string(major) + "." + std::to_string(minor);
 
   v.torch = compat::torch_version();
+  v.torch_cuda = torch_cuda_version();
 
 #if MPIDDP_HAS_NCCL
   int nccl = 0;

@@ -91,6 +91,28 @@ run_np 2 "$mpiddp" info --help
 check "help: exit 0" [ "$rc" -eq 0 ]
 check "help: printed once" [ "$(grep -c '^usage:' <<<"$out")" -eq 1 ]
 
+# The build is the stack the test Python's torch is (Debian's python3-torch, the chroot's, the pip
+# venv's): the same libtorch version; CUDA kernels exactly when that torch has CUDA, for the same CUDA;
+# and where that torch has NCCL, the nccl backend on the very NCCL library it loads. A build against
+# PyTorch's CUDA wheel that dropped CUDA or NCCL, or linked a second NCCL, fails here.
+run_alone "$mpiddp" info --json
+json=$out
+check "stack: libtorch, its CUDA and NCCL are the test Python's torch's ($("$TEST_PYTHON" -c 'import torch; print(torch.__version__)'))" \
+  "$TEST_PYTHON" - "$mpiddp" "$json" <<'PY'
+import json, os, re, subprocess, sys, torch
+mpiddp, info = sys.argv[1], json.loads(sys.argv[2])
+v = info["ranks"][0]["versions"]
+release = lambda text: re.match(r"[0-9.]*[0-9]", text).group(0)  # "2.11.0+cu130", "1.13.0a0" -> the numbers
+assert release(v["libtorch"]) == release(torch.__version__), (v["libtorch"], torch.__version__)
+assert v["libtorch_cuda"] == torch.version.cuda, ("mpiddp's libtorch CUDA", v["libtorch_cuda"], "torch's", torch.version.cuda)
+if torch.version.cuda and torch.distributed.is_nccl_available():
+    want = ".".join(map(str, torch.cuda.nccl.version()))
+    assert "nccl" in v["backends"] and v["nccl"].startswith(want + " "), ("nccl", v["nccl"], "torch's", want)
+    loaded = {l.split()[-1] for l in open("/proc/self/maps") if "/libnccl.so" in l}  # torch's, loaded on import
+    linked = re.findall(r"libnccl\.so\S* => (\S+)", subprocess.run(["ldd", mpiddp], capture_output=True, text=True).stdout)
+    assert len(loaded) == 1 and [os.path.realpath(p) for p in linked] == [os.path.realpath(p) for p in loaded], (linked, loaded)
+PY
+
 run_alone "$mpiddp" --version
 check "version" contains "^mpiddp [0-9]\+\.[0-9]\+\.[0-9]\+$" "$out"
 

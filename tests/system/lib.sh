@@ -5,10 +5,10 @@ passed=0
 failed=0
 : "${MPIEXEC:=mpiexec}"
 : "${MPIEXEC_FLAGS:=}"
-# Debian's Python, where python3-h5py lives (python3 on PATH may be another installation);
-# MPIDDP_TEST_PYTHON names another (bench/gpu.sh: the GPU image's Python, which has torch and h5py).
-DEBIAN_PYTHON=${MPIDDP_TEST_PYTHON:-/usr/bin/python3}
-[ -x "$DEBIAN_PYTHON" ] || DEBIAN_PYTHON=python3
+# The Python with torch, h5py and protobuf (CMake's MPIDDP_TEST_PYTHON): Debian's by default, the
+# venv's on the pip stack, the GPU image's in bench/gpu.sh (python3 on PATH may be another installation).
+TEST_PYTHON=${MPIDDP_TEST_PYTHON:-/usr/bin/python3}
+[ -x "$TEST_PYTHON" ] || TEST_PYTHON=python3
 # Every command gets a deadline: a hang is a failure, not a stuck CI job.
 : "${MPIDDP_TEST_DEADLINE:=90}"
 
