@@ -21,6 +21,10 @@
 # Where one command may run 10 minutes at most, two calls do it all, each on a fresh machine:
 #   bash bench/gpu.sh OUT deps,build,tests     and     bash bench/gpu.sh OUT deps,build,cli,train,figures
 # (GPU_CTEST_JOBS, default nproc/2, sets the suite's parallelism; GPU_ROUNDS the figures' rounds).
+# A CPU rehearsal, on a machine without a GPU, against the same torch wheel (scripts/build_pip.sh's venv):
+#   GPU_REHEARSAL=1 GPU_PYTHON=build-pip/venv/bin/python bash bench/gpu.sh OUT deps,build,tests
+# runs the same deps, build and test steps with GPU cases skipping instead of failing; every check
+# that needs a GPU is reported SKIP, never PASS. On a GPU machine only the GPU steps are then new.
 # Writes into OUT_DIR six files: summary.txt (one line per check: PASS/FAIL), gpu.log (everything),
 # tests.log (CTest), figures.jsonl and figures.md, logs.tgz (every other log); data, models and
 # snapshots go to GPU_WORK (default /tmp/mpiddp-gpu). Exit status non-zero if any check failed.
@@ -40,6 +44,7 @@ log=$out/gpu.log summary=$out/summary.txt
 : >"$summary"
 exec > >(tee -a "$log") 2>&1
 py=${GPU_PYTHON:-python3}
+rehearsal=${GPU_REHEARSAL:-0}
 has() { [[ ",$stages," == *",$1,"* ]]; }
 say() { echo "== $(date +%T) $*"; }
 failures=0
@@ -53,6 +58,9 @@ run_check() {  # run_check NAME command...: PASS when the command exits 0
   shift
   if "$@"; then result "$name" PASS; else result "$name" FAIL "exit $?"; fi
 }
+gpu_check() {  # gpu_check NAME command...: run_check on a GPU machine; SKIP in a CPU rehearsal
+  if [ "$rehearsal" = 1 ]; then echo "SKIP $1 : CPU rehearsal, no GPU" | tee -a "$summary"; else run_check "$@"; fi
+}
 
 # ---- environment: the prefix, torch, CUDA, NCCL ---------------------------------------------
 usr=$prefix/usr
@@ -63,8 +71,7 @@ export PATH=$usr/bin:$PATH
 export LD_LIBRARY_PATH=$lib:$lib/openmpi/lib:$lib/hdf5/serial:$fallback_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none  # no CMA inside a VM
-export MPIDDP_REQUIRE_GPU=1
-export MPIDDP_TEST_PYTHON=${MPIDDP_TEST_PYTHON:-$(command -v "${GPU_PYTHON:-python3}")}
+[ "$rehearsal" = 1 ] || export MPIDDP_REQUIRE_GPU=1
 
 if has deps; then
   say "deps: unpacking $debs into $prefix"
@@ -94,37 +101,25 @@ if has deps; then
   run_check "deps: mpirun runs 2 ranks from the prefix" timeout 60 mpirun --oversubscribe -n 2 true
 fi
 
-torch_prefix=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
-# NCCL: the one PyTorch's wheel loads (nvidia-nccl-cu13), else the CUDA toolkit's.
-nccl_home=$($py -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(list(s.submodule_search_locations)[0] if s else "")' 2>/dev/null)
-nccl_lib=""
-for d in "$nccl_home/lib" /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
-  for n in libnccl.so libnccl.so.2; do [ -z "$nccl_lib" ] && [ -e "$d/$n" ] && nccl_lib=$d/$n; done
-done
-nccl_inc=""
-for d in "$nccl_home/include" /usr/local/cuda/include /usr/include; do
-  [ -z "$nccl_inc" ] && [ -f "$d/nccl.h" ] && nccl_inc=$d
-done
-say "torch $($py -c 'import torch; print(torch.__version__, torch.version.cuda)'); cmake prefix $torch_prefix"
-say "NCCL: $nccl_inc $nccl_lib"
+say "torch $($py -c 'import torch; print(torch.__version__, torch.version.cuda)'); $py"
 nvidia-smi -L || true
 
 if has build; then
+  # scripts/build_pip.sh: the wheel's libtorch and NCCL, CUDA and the NCCL backend ON, the test
+  # Python this one; the prefix's Open MPI, HDF5, Boost, GoogleTest and protobuf beside it.
   say "build: $build"
-  run_check "build: configure" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_PREFIX_PATH="$torch_prefix;$usr" -DCUDAToolkit_ROOT=/usr/local/cuda \
+  run_check "build: configure and compile against $py's torch (CUDA, NCCL ON)" env MPIDDP_PYTHON="$py" \
+    MPIDDP_PREFIX_PATH="$usr" bash scripts/build_pip.sh "$build" -DCUDAToolkit_ROOT=/usr/local/cuda \
     -DMPI_C_COMPILER="$usr/bin/mpicc.openmpi" -DMPI_CXX_COMPILER="$usr/bin/mpicxx.openmpi" \
     -DHDF5_ROOT="$usr" -DHDF5_C_INCLUDE_DIR="$usr/include/hdf5/serial" \
     -DHDF5_hdf5_LIBRARY_RELEASE="$lib/hdf5/serial/libhdf5.so" -DProtobuf_PROTOC_EXECUTABLE="$usr/bin/protoc" \
-    -DZLIB_ROOT="$prefix/fallback/usr" ${nccl_inc:+-DNCCL_INCLUDE_DIR="$nccl_inc"} \
-    ${nccl_lib:+-DNCCL_LIBRARY="$nccl_lib"} -DMPIDDP_WITH_NCCL=ON
-  run_check "build: compile" cmake --build "$build" -j "$(nproc)"
+    -DZLIB_ROOT="$prefix/fallback/usr"
 fi
 mpiddp=$build/mpiddp
 [ -x "$mpiddp" ] || { result "build: $mpiddp exists" FAIL; exit 1; }
 
 if has tests; then
-  say "tests: ctest (MPIDDP_REQUIRE_GPU=1)"
+  say "tests: ctest ($([ "$rehearsal" = 1 ] && echo "CPU rehearsal: GPU cases skip" || echo MPIDDP_REQUIRE_GPU=1))"
   ctest --test-dir "$build" --output-on-failure -j "${GPU_CTEST_JOBS:-$(( $(nproc) / 2 ))}" --timeout 1500 \
     >"$out/tests.log" 2>&1
   rc=$?
@@ -135,9 +130,9 @@ if has tests; then
   for n in 1 2; do
     mpirun --oversubscribe -n "$n" "$build/tests/test_comm_mpi" --gtest_filter='*mpi_cuda*:*nccl*' --gtest_brief=1 \
       >"$logs/comm_gpu.np$n.log" 2>&1
-    run_check "tests: CUDA collectives, np$n (nccl at 1 rank; mpi staged or CUDA-aware)" grep -q "PASSED" "$logs/comm_gpu.np$n.log"
+    gpu_check "tests: CUDA collectives, np$n (nccl at 1 rank; mpi staged or CUDA-aware)" grep -q "PASSED" "$logs/comm_gpu.np$n.log"
     mpirun --oversubscribe -n "$n" "$build/tests/test_ddp_mpi" --gtest_filter='DdpCuda.*' >"$logs/ddp_gpu.np$n.log" 2>&1
-    run_check "tests: DDP on CUDA equals one process, np$n" grep -q "\[  PASSED  \] 2 tests" "$logs/ddp_gpu.np$n.log"
+    gpu_check "tests: DDP on CUDA equals one process, np$n" grep -q "\[  PASSED  \] 2 tests" "$logs/ddp_gpu.np$n.log"
   done
 fi
 

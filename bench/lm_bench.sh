@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Language-model throughput and memory, side by side in one call: mpiddp's built-in GPT against
 # nanoGPT's GPT under PyTorch DDP (gloo, started by mpirun; bench/python_gpt_ddp.py), on the stacks
-# of bench/train_bench.sh (debian12: libtorch/python3-torch 1.13; sid: 2.14 in the chroot), 2 ranks
+# of bench/train_bench.sh (debian12: libtorch/python3-torch 1.13; sid: 2.14 in the chroot; pip:
+# PyTorch's torch 2.11 wheel in a venv, for mpiddp and Python alike), 2 ranks
 # x 1 thread, rounds interleaved. The shape is the issue's: 4 layers x 4 heads x 256 wide, block
 # 128, micro-batch 4, accumulation 2, AdamW (0.9, 0.95, decay 0.1 on matrices), clip 1.0, on a byte
 # vocabulary (llm.c shards of a text Debian ships). tokens/s is the wall-clock marginal of two run
@@ -13,22 +14,17 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 rounds=${2:-3}
 out=${OUT_DIR:-$build/bench-lm}
-stacks=${MPIDDP_BENCH_STACKS:-debian12 sid}
+stacks=${MPIDDP_BENCH_STACKS:-debian12 sid pip}
 mkdir -p "$out"
 bash scripts/deps.sh python3-torch time >&2
-bash scripts/build.sh "$build" >&2
-if [[ " $stacks " == *" sid "* ]]; then
-  bash scripts/chroot.sh -- bash -c 'bash scripts/deps.sh python3-torch time && bash scripts/build.sh build-sid' >&2
-fi
+source bench/stacks.sh
+build_stacks "$build" $stacks
 [ -s "$out/text_train_000001.bin" ] || "$build/mpiddp" data text --in /usr/share/common-licenses/GPL-3 \
   /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/GFDL-1.3 --out "$out/text" >&2
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for stack in $stacks; do
-    case $stack in
-      debian12) bash bench/lm_round.sh debian12 "$build" "$round" "$out" ;;
-      sid) bash scripts/chroot.sh -- bash bench/lm_round.sh sid build-sid "$round" "$out" ;;
-    esac
+    on_stack "$stack" bash bench/lm_round.sh "$stack" "$(stack_build "$stack" "$build")" "$round" "$out"
   done
 done
 /usr/bin/python3 - "$out/results.jsonl" <<'PY'

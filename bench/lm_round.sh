@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stack=$1 build=$2 round=$3 out=$4
 source scripts/env.sh
-py=/usr/bin/python3
+py=${MPIDDP_BENCH_PYTHON:-/usr/bin/python3}  # the stack's Python (train_round.sh says which)
 shape=(4 4 256 128) batch=4 accum=2
 tokens_per_step=$((2 * batch * accum * 128))
 for steps in 8 40; do

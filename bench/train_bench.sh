@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Training throughput and start-up, side by side in one call, on two software stacks:
+# Training throughput and start-up, side by side in one call, on three software stacks:
 #   debian12  Debian 12's libtorch/python3-torch 1.13 (this machine), mpiddp built in BUILD_DIR
 #   sid       Debian sid's libtorch/python3-torch 2.14 in the chroot of scripts/chroot.sh,
-#             mpiddp built against it in build-sid (skipped with MPIDDP_BENCH_STACKS=debian12)
+#             mpiddp built against it in build-sid
+#   pip       PyTorch's own wheel from PyPI (torch 2.11, CUDA 13 build, run on the CPU) in the venv
+#             of scripts/build_pip.sh, mpiddp built against it in build-pip; Python DDP runs that
+#             same venv's torch
+# (MPIDDP_BENCH_STACKS="debian12 pip" picks stacks; the default is all three)
 # Contenders on each stack, 2 ranks x 1 thread, rounds interleaved (stack by stack inside a round)
 # so every contender sees the same machine noise:
 #   python      PyTorch DDP (that stack's python3-torch, gloo) started by mpirun the SuperCloud way
@@ -23,13 +27,11 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 rounds=${2:-3}
 out=${OUT_DIR:-$build/bench-train}
-stacks=${MPIDDP_BENCH_STACKS:-debian12 sid}
+stacks=${MPIDDP_BENCH_STACKS:-debian12 sid pip}
 mkdir -p "$out"
 bash scripts/deps.sh python3-torch python3-h5py >&2
-bash scripts/build.sh "$build" >&2
-if [[ " $stacks " == *" sid "* ]]; then
-  bash scripts/chroot.sh -- bash scripts/build.sh build-sid >&2
-fi
+source bench/stacks.sh
+build_stacks "$build" $stacks
 mpiddp=$build/mpiddp
 py=/usr/bin/python3
 
@@ -48,11 +50,7 @@ PY
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for stack in $stacks; do
-    case $stack in
-      debian12) bash bench/train_round.sh debian12 "$build" "$round" "$out" ;;
-      sid) bash scripts/chroot.sh -- bash bench/train_round.sh sid build-sid "$round" "$out" ;;
-      *) echo "train_bench.sh: error: unknown stack '$stack' (debian12, sid)" >&2; exit 2 ;;
-    esac
+    on_stack "$stack" bash bench/train_round.sh "$stack" "$(stack_build "$stack" "$build")" "$round" "$out"
   done
 done
 

@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stack=$1 build=$2 round=$3 out=$4
 source scripts/env.sh
-py=/usr/bin/python3  # Debian's, with python3-torch and python3-h5py (python3 on PATH may be another)
+# The stack's Python with torch and h5py: Debian's by default (python3 on PATH may be another), the
+# venv's on the pip stack (MPIDDP_BENCH_PYTHON, set by train_bench.sh).
+py=${MPIDDP_BENCH_PYTHON:-/usr/bin/python3}
 torch_version=$($py -c 'import torch; print(torch.__version__)')
 mpiddp=$build/mpiddp hand=$build/bench/mpiddp_handwritten_ddp
 

@@ -5,6 +5,7 @@
 # image) or else from a venv made for you in BUILD_DIR/venv by scripts/venv.sh (torch==2.11.0 from
 # PyPI, CUDA 13 build; MPIDDP_TORCH_VERSION picks another). The system tests' Python side then runs
 # with that same Python (MPIDDP_TEST_PYTHON), so the PyTorch references use the torch mpiddp links.
+# MPIDDP_PREFIX_PATH adds prefixes to search for the other dependencies (bench/gpu.sh: its own).
 #
 # What links against what: libtorch, libtorch_cuda and NCCL are the wheel's (NCCL from the nvidia-nccl
 # wheel beside torch: the library libtorch_cuda itself loads, so the process has one NCCL, the version
@@ -25,5 +26,5 @@ echo "== pip stack: $("$py" -c 'import torch; print("torch", torch.__version__, 
 # PyTorch's way: its share/cmake as a prefix, where TorchConfig finds Caffe2Config beside it (a bare
 # Torch_DIR lets a system libtorch's Caffe2 answer; the package directory as a prefix lends the
 # wheel's own protoc and protobuf headers to find_package(Protobuf)).
-bash scripts/build.sh "$build" -DCMAKE_PREFIX_PATH="$torch_cmake" -DMPIDDP_WITH_NCCL=ON \
+bash scripts/build.sh "$build" -DCMAKE_PREFIX_PATH="$torch_cmake${MPIDDP_PREFIX_PATH:+;$MPIDDP_PREFIX_PATH}" -DMPIDDP_WITH_NCCL=ON \
   -DMPIDDP_TEST_PYTHON="$(command -v "$py")" "$@"
