@@ -25,11 +25,20 @@ endif()
 add_library(mpiddp_gtest_mpi_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/gtest_mpi_main.cpp)
 target_include_directories(mpiddp_gtest_mpi_main PUBLIC ${PROJECT_SOURCE_DIR}/tests/support)
 target_link_libraries(mpiddp_gtest_mpi_main PUBLIC mpiddp GTest::gtest)
+target_compile_options(mpiddp_gtest_mpi_main PRIVATE -Wall -Wextra)
+# libtorch's and GoogleTest's headers are most of each test's compile time: precompiled once, with
+# the tests' own flags, in mpiddp_gtest_mpi_main, and reused by every test executable.
+if(MPIDDP_PRECOMPILE_HEADERS)
+  target_precompile_headers(mpiddp_gtest_mpi_main PRIVATE <torch/torch.h> <gtest/gtest.h>)
+endif()
 
 function(_mpiddp_test_target name)
   add_executable(${name} ${ARGN})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_options(${name} PRIVATE -Wall -Wextra)
+  if(MPIDDP_PRECOMPILE_HEADERS)
+    target_precompile_headers(${name} REUSE_FROM mpiddp_gtest_mpi_main)
+  endif()
 endfunction()
 
 function(mpiddp_add_unit_test name)
