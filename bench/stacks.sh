@@ -14,14 +14,15 @@ stack_build() {  # stack_build STACK BUILD_DIR -> the build directory of that st
   esac
 }
 
-build_stacks() {  # build_stacks BUILD_DIR STACK...: builds mpiddp (and what the Python side needs) on each
-  local build=$1 stack
+build_stacks() {  # build_stacks BUILD_DIR STACK...: builds mpiddp with its bench programs (and what the
+  local build=$1 stack  # Python side needs) on each; a test run may have configured the build without them
   shift
   for stack in "$@"; do
     case $stack in
-      debian12) bash scripts/build.sh "$build" >&2 ;;
-      sid) bash scripts/chroot.sh -- bash -c 'bash scripts/deps.sh python3-torch python3-h5py time && bash scripts/build.sh build-sid' >&2 ;;
-      pip) bash scripts/build_pip.sh build-pip >&2 ;;
+      debian12) bash scripts/build.sh "$build" -DMPIDDP_BUILD_BENCH=ON >&2 ;;
+      sid) bash scripts/chroot.sh -- bash -c 'bash scripts/deps.sh python3-torch python3-h5py time &&
+             bash scripts/build.sh build-sid -DMPIDDP_BUILD_BENCH=ON' >&2 ;;
+      pip) bash scripts/build_pip.sh build-pip -DMPIDDP_BUILD_BENCH=ON >&2 ;;
       *) stack_build "$stack" "$build" >/dev/null || exit 2 ;;
     esac
   done

@@ -32,10 +32,13 @@ if(MPIDDP_PRECOMPILE_HEADERS)
   target_precompile_headers(mpiddp_gtest_mpi_main PRIVATE <torch/torch.h> <gtest/gtest.h>)
 endif()
 
+# Every test program, the helpers that are no gtest too, compiles with GoogleTest's definitions
+# (GTEST_HAS_PTHREAD): a macro the precompiled header saw must be defined alike, or GCC ignores it.
 function(_mpiddp_test_target name)
   add_executable(${name} ${ARGN})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_options(${name} PRIVATE -Wall -Wextra)
+  target_link_libraries(${name} PRIVATE GTest::gtest)
   if(MPIDDP_PRECOMPILE_HEADERS)
     target_precompile_headers(${name} REUSE_FROM mpiddp_gtest_mpi_main)
   endif()
@@ -78,8 +81,10 @@ endif()
 if(MPIDDP_HAS_GLOO)
   string(APPEND MPIDDP_BACKENDS_TEXT " gloo")
 endif()
+# System tests run for seconds to minutes, unit and MPI tests for seconds: with COST 1 CTest starts
+# them first (until it has timings of its own), so that no long test is left running alone at the end.
 function(mpiddp_add_script_test name script)
   add_test(NAME system.${name} COMMAND bash ${script} ${ARGN})
-  set_tests_properties(system.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS system
+  set_tests_properties(system.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS system COST 1
                        ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT};MPIEXEC=${MPIEXEC_EXECUTABLE};MPIEXEC_FLAGS=${_mpiddp_flags_text};MPIDDP_TEST_PYTHON=${MPIDDP_TEST_PYTHON}")
 endfunction()

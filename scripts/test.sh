@@ -6,7 +6,7 @@
 # scripts/build_pip.sh, its venv made on first use in build-pip/venv, ~1 min, reused after): there
 # the unit and MPI tests and the system tests that depend on the stack; then rebuild with ASan+UBSan
 # and run the unit and MPI tests again.
-# Exit status non-zero on any failure. usage: scripts/test.sh
+# Ends with each stage's wall time. Exit status non-zero on any failure. usage: scripts/test.sh
 # MPIDDP_SKIP_SID=1, MPIDDP_SKIP_PIP=1 or MPIDDP_SKIP_SANITIZERS=1 leave out a stage (CI runs all four).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,33 +14,73 @@ cd "$(dirname "$0")/.."
 # (environment-modules; Lmod's dependencies, Lmod itself unpacked by scripts/lmod.sh), h5py,
 # python3-protobuf (reads TensorBoard files back), python3-torch (the TorchScript models and the
 # Python references of system.torchscript_cli and system.example).
+start=$SECONDS
 bash scripts/deps.sh slurm-wlm munge iproute2 environment-modules lua5.3 lua-posix lua-filesystem lua-json \
   lua-term tcl python3-h5py python3-protobuf python3-torch
 bash scripts/lmod.sh build/lmod
 jobs=$(nproc)
+# Each stage's wall time, said at the end (CI must finish within 90 minutes on a fresh machine).
+times=("$(printf '%-52s %5d s' "dependencies (Debian packages, Lmod)" $((SECONDS - start)))")
+timed() {  # timed NAME FUNCTION: runs FUNCTION, records its wall time under NAME
+  local start=$SECONDS
+  "$2"
+  times+=("$(printf '%-52s %5d s' "$1" $((SECONDS - start)))")
+}
 
-echo "== build (RelWithDebInfo, warnings as errors)"
-bash scripts/build.sh build -DMPIDDP_WARNINGS_AS_ERRORS=ON
-echo "== tests"
-ctest --test-dir build --output-on-failure -j "$jobs"
+# How every stage builds: -Werror; RelWithDebInfo's -O2 code without its debug information, which
+# is a quarter of the compile time (a failing test names its check; ASan's reports keep their lines).
+# The stages after the first build no bench/ programs: no test runs them, and Debian 12's stage
+# compiles them with -Werror.
+build_flags=(-DMPIDDP_WARNINGS_AS_ERRORS=ON "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG")
+stage_flags=("${build_flags[@]}" -DMPIDDP_BUILD_BENCH=OFF)
 
-if [ "${MPIDDP_SKIP_SID:-0}" != 1 ]; then
+# The later stages' downloads (the sid chroot, the pip venv: network and disk more than CPU) are
+# made while the first stage builds; a stage that finds one missing makes it itself.
+prefetch() {
+  [ "${MPIDDP_SKIP_SID:-0}" = 1 ] || bash scripts/chroot.sh --suite sid -- true
+  [ "${MPIDDP_SKIP_PIP:-0}" = 1 ] || bash scripts/venv.sh build-pip/venv
+}
+prefetch >build/prefetch.log 2>&1 &
+prefetching=$!
+trap 'wait $prefetching 2>/dev/null || true' EXIT
+
+debian12() {
+  echo "== build (RelWithDebInfo without debug information, warnings as errors)"
+  bash scripts/build.sh build "${build_flags[@]}" -DMPIDDP_BUILD_BENCH=ON
+  echo "== tests"
+  ctest --test-dir build --output-on-failure -j "$jobs"
+}
+
+sid() {
   echo "== Debian sid chroot: libtorch 2.x build and tests"
-  bash scripts/chroot.sh --suite sid -- bash scripts/test_stack.sh build-sid
-fi
+  bash scripts/chroot.sh --suite sid -- bash scripts/test_stack.sh build-sid "${stage_flags[@]}"
+}
 
-if [ "${MPIDDP_SKIP_PIP:-0}" != 1 ]; then
+pip_wheel() {
   echo "== pip stack: PyTorch's wheel in a venv, CUDA and NCCL backend ON"
-  bash scripts/build_pip.sh build-pip -DMPIDDP_WARNINGS_AS_ERRORS=ON
+  bash scripts/build_pip.sh build-pip "${stage_flags[@]}"
+  # system.info_cli holds the build to this torch's CUDA and NCCL: here that torch must have both.
+  build-pip/venv/bin/python -c 'import torch, torch.distributed as d
+assert torch.version.cuda and d.is_nccl_available(), f"the pip stack needs a CUDA torch with NCCL, not {torch.__version__}"'
   # Open MPI, HDF5 and the module systems are Debian 12's here as in the first stage: what only they
   # decide (the Slurm cluster, modules, the bench and data commands, stall and timeout handling) ran there.
   ctest --test-dir build-pip --output-on-failure -j "$jobs" \
     -E "system\.(slurm_jobs|slurm_partition|modules|bench_cli|data_cli|stall|comm_timeout|harness_reports)$"
-fi
+}
 
-if [ "${MPIDDP_SKIP_SANITIZERS:-0}" != 1 ]; then
+sanitizers() {
   echo "== build (ASan + UBSan)"
-  bash scripts/build.sh build-asan -DMPIDDP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+  bash scripts/build.sh build-asan -DMPIDDP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DMPIDDP_BUILD_BENCH=OFF \
+    -DCMAKE_CXX_FLAGS_DEBUG=-g1
   echo "== tests under ASan + UBSan (unit, mpi)"
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "unit|mpi"
-fi
+}
+
+timed "Debian 12, libtorch 1.13: build, whole suite" debian12
+wait $prefetching || echo "== (prefetch failed, the stages retry; build/prefetch.log: $(tail -1 build/prefetch.log))"
+[ "${MPIDDP_SKIP_SID:-0}" = 1 ] || timed "Debian sid chroot, libtorch 2.14: build, tests" sid
+[ "${MPIDDP_SKIP_PIP:-0}" = 1 ] || timed "pip wheel, torch 2.11 CUDA 13: build, tests" pip_wheel
+[ "${MPIDDP_SKIP_SANITIZERS:-0}" = 1 ] || timed "ASan + UBSan: build, unit and MPI tests" sanitizers
+echo "== stage times"
+printf '%s\n' "${times[@]}"
+printf '%-52s %5d s\n' "total" "$SECONDS"
