@@ -44,8 +44,12 @@ function(_mpiddp_test_target name)
   endif()
 endfunction()
 
+# The executables of the unit and MPI tests alone (scripts/test.sh's ASan stage builds just these).
+add_custom_target(mpiddp_unit_mpi_tests)
+
 function(mpiddp_add_unit_test name)
   _mpiddp_test_target(${name} ${ARGN})
+  add_dependencies(mpiddp_unit_mpi_tests ${name})
   target_link_libraries(${name} PRIVATE mpiddp GTest::gtest GTest::gtest_main)
   add_test(NAME unit.${name} COMMAND ${name})
   set_tests_properties(unit.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS unit
@@ -58,6 +62,7 @@ function(mpiddp_add_mpi_test name)
     set(ARG_RANKS ${MPIDDP_TEST_RANKS})
   endif()
   _mpiddp_test_target(${name} ${ARG_SOURCES})
+  add_dependencies(mpiddp_unit_mpi_tests ${name})
   target_link_libraries(${name} PRIVATE mpiddp_gtest_mpi_main ${ARG_LIBRARIES})
   foreach(n IN LISTS ARG_RANKS)
     add_test(NAME mpi.${name}.np${n}
@@ -82,7 +87,7 @@ if(MPIDDP_HAS_GLOO)
   string(APPEND MPIDDP_BACKENDS_TEXT " gloo")
 endif()
 # System tests run for seconds to minutes, unit and MPI tests for seconds: with COST 1 CTest starts
-# them first (until it has timings of its own), so that no long test is left running alone at the end.
+# them first (until it has timings of its own); tests/CMakeLists.txt gives the longest their seconds.
 function(mpiddp_add_script_test name script)
   add_test(NAME system.${name} COMMAND bash ${script} ${ARGN})
   set_tests_properties(system.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS system COST 1

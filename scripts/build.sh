@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds mpiddp. usage: scripts/build.sh [BUILD_DIR] [extra cmake -D options...]
+# MPIDDP_BUILD_TARGETS (space-separated) builds those targets instead of all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -11,4 +12,6 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 elif [ $# -gt 0 ]; then
   cmake -S . -B "$build" "$@"
 fi
-cmake --build "$build" -j "$(nproc)"
+targets=()
+for t in ${MPIDDP_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$(nproc)" "${targets[@]}"

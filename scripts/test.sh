@@ -62,16 +62,20 @@ pip_wheel() {
   # system.info_cli holds the build to this torch's CUDA and NCCL: here that torch must have both.
   build-pip/venv/bin/python -c 'import torch, torch.distributed as d
 assert torch.version.cuda and d.is_nccl_available(), f"the pip stack needs a CUDA torch with NCCL, not {torch.__version__}"'
-  # Open MPI, HDF5 and the module systems are Debian 12's here as in the first stage: what only they
-  # decide (the Slurm cluster, modules, the bench and data commands, stall and timeout handling) ran there.
-  ctest --test-dir build-pip --output-on-failure -j "$jobs" \
-    -E "system\.(slurm_jobs|slurm_partition|modules|bench_cli|data_cli|stall|comm_timeout|harness_reports)$"
+  # What the wheel decides: the unit and MPI tests, and the system tests where libtorch's version,
+  # its CUDA/NCCL or the Python side's torch matter (info, install, snapshots and bitwise resume,
+  # TorchScript and exports, the GPT against nanoGPT, TensorBoard beside the wheel's protobuf, the
+  # examples). Open MPI, HDF5 and the module systems are Debian 12's here as in the first stage: what
+  # only they decide (the Slurm cluster, modules, the bench and data commands, stall and timeout
+  # handling, the training CLI's options and faults, ZeRO's collectives) ran there and on sid.
+  ctest --test-dir build-pip --output-on-failure -j "$jobs" -E \
+    "system\.(slurm_jobs|slurm_partition|modules|bench_cli|data_cli|stall|comm_timeout|harness_reports|train_cli|zero_cli)$"
 }
 
 sanitizers() {
   echo "== build (ASan + UBSan)"
-  bash scripts/build.sh build-asan -DMPIDDP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DMPIDDP_BUILD_BENCH=OFF \
-    -DCMAKE_CXX_FLAGS_DEBUG=-g1
+  MPIDDP_BUILD_TARGETS=mpiddp_unit_mpi_tests bash scripts/build.sh build-asan -DMPIDDP_SANITIZE=ON \
+    -DCMAKE_BUILD_TYPE=Debug -DMPIDDP_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG=-g1
   echo "== tests under ASan + UBSan (unit, mpi)"
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "unit|mpi"
 }
