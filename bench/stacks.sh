@@ -14,8 +14,10 @@ stack_build() {  # stack_build STACK BUILD_DIR -> the build directory of that st
   esac
 }
 
-build_stacks() {  # build_stacks BUILD_DIR STACK...: builds mpiddp with its bench programs (and what the
-  local build=$1 stack  # Python side needs) on each; a test run may have configured the build without them
+# build_stacks BUILD_DIR STACK...: builds mpiddp with its bench programs (and what the Python side
+# needs) on each; a test run may have configured a build without them (MPIDDP_BUILD_BENCH=OFF).
+build_stacks() {
+  local build=$1 stack
   shift
   for stack in "$@"; do
     case $stack in

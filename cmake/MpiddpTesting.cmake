@@ -50,7 +50,7 @@ add_custom_target(mpiddp_unit_mpi_tests)
 function(mpiddp_add_unit_test name)
   _mpiddp_test_target(${name} ${ARGN})
   add_dependencies(mpiddp_unit_mpi_tests ${name})
-  target_link_libraries(${name} PRIVATE mpiddp GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE mpiddp GTest::gtest_main)
   add_test(NAME unit.${name} COMMAND ${name})
   set_tests_properties(unit.${name} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS unit
                        ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT}")

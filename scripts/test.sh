@@ -20,11 +20,13 @@ bash scripts/deps.sh slurm-wlm munge iproute2 environment-modules lua5.3 lua-pos
 bash scripts/lmod.sh build/lmod
 jobs=$(nproc)
 # Each stage's wall time, said at the end (CI must finish within 90 minutes on a fresh machine).
-times=("$(printf '%-52s %5d s' "dependencies (Debian packages, Lmod)" $((SECONDS - start)))")
+times=()
+record() { times+=("$(printf '%-52s %5d s' "$1" "$2")"); }  # record NAME SECONDS
+record "dependencies (Debian packages, Lmod)" $((SECONDS - start))
 timed() {  # timed NAME FUNCTION: runs FUNCTION, records its wall time under NAME
   local start=$SECONDS
   "$2"
-  times+=("$(printf '%-52s %5d s' "$1" $((SECONDS - start)))")
+  record "$1" $((SECONDS - start))
 }
 
 # How every stage builds: -Werror; RelWithDebInfo's -O2 code without its debug information, which
@@ -85,6 +87,6 @@ wait $prefetching || echo "== (prefetch failed, the stages retry; build/prefetch
 [ "${MPIDDP_SKIP_SID:-0}" = 1 ] || timed "Debian sid chroot, libtorch 2.14: build, tests" sid
 [ "${MPIDDP_SKIP_PIP:-0}" = 1 ] || timed "pip wheel, torch 2.11 CUDA 13: build, tests" pip_wheel
 [ "${MPIDDP_SKIP_SANITIZERS:-0}" = 1 ] || timed "ASan + UBSan: build, unit and MPI tests" sanitizers
+record total "$SECONDS"
 echo "== stage times"
 printf '%s\n' "${times[@]}"
-printf '%-52s %5d s\n' "total" "$SECONDS"
