@@ -39,6 +39,9 @@ function(_mpiddp_test_target name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_options(${name} PRIVATE -Wall -Wextra)
   target_link_libraries(${name} PRIVATE GTest::gtest)
+  # One source each: a unity build (CMAKE_UNITY_BUILD) gains nothing here, and a test's fixtures in
+  # its anonymous namespace would draw -Wsubobject-linkage once the file is not the unit's main file.
+  set_target_properties(${name} PROPERTIES UNITY_BUILD OFF)
   if(MPIDDP_PRECOMPILE_HEADERS)
     target_precompile_headers(${name} REUSE_FROM mpiddp_gtest_mpi_main)
   endif()
