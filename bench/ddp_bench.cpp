@@ -1,6 +1,8 @@
 // DDP overhead benchmark: the training step of a model with DistributedDataParallel against the
 // same step with no communication (under no_sync), in alternating blocks within one run on every
 // rank, so both see the same machine noise. Run by bench/ddp_bench.sh; one JSON line on rank 0.
+// Where the group measures its collectives' GPU time (nccl), the line also gives, per round, that
+// time per DDP step on rank 0 (device_ms).
 // usage: mpiddp_ddp_bench --model cnn|mlp [--steps S per block] [--rounds R] [--warmup W]
 //        [--batch B] [--timeline F] [--bucket-cap-mb M] [--device cpu|cuda] [--backend mpi|nccl|gloo]
 #include <mpiddp/ddp.hpp>
@@ -118,13 +120,16 @@ int main(int argc, char** argv) {
   auto settle = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
   };
+  std::vector<double> device_ms;  // the collectives' GPU time per step of each DDP block
   auto block = [&](bool communicate) {
     settle();
     pg->barrier();
+    const auto device0 = pg->device_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < steps; ++i) step(communicate);
     settle();
     double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+    if (communicate && device0) device_ms.push_back((*pg->device_seconds() - *device0) * 1e3 / steps);
     MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, rt.world());
     return t;
   };
@@ -150,7 +155,9 @@ int main(int argc, char** argv) {
     std::cout << "{\"model\": \"" << model_name << "\", \"device\": \"" << device.str() << "\", \"backend\": \""
               << backend << "\", \"params\": " << params << ", \"batch_per_rank\": " << batch
               << ", \"ranks\": " << rt.size() << ", \"steps_per_block\": " << steps << ", \"local_ms\": " << list(local)
-              << ", \"ddp_ms\": " << list(with_ddp) << ", \"buckets\": " << ddp->buckets().size() << "}" << std::endl;
+              << ", \"ddp_ms\": " << list(with_ddp) << ", \"buckets\": " << ddp->buckets().size();
+    if (!device_ms.empty()) std::cout << ", \"device_ms\": " << list(device_ms);
+    std::cout << "}" << std::endl;
   }
   ddp.reset();
   pg.reset();

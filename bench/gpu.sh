@@ -13,11 +13,15 @@
 #   cli      mpiddp info at 1 and 2 ranks; mpiddp bench --backend nccl -c 1 (1 rank), --backend mpi
 #            --device cuda -c 1 (2 ranks sharing the GPU)
 #   train    mpiddp train --device cuda --backend nccl --model cnn on Fashion-MNIST (>= 90% test
-#            accuracy), a TorchScript model, bf16 and fp16 mixed precision
+#            accuracy), a TorchScript model, bf16 and fp16 mixed precision; the CNN at 2 ranks sharing
+#            the GPU resumed bitwise; the built-in GPT on CUDA (fp32, bf16) against its CPU run; ZeRO
+#            stage 2 on CUDA at 2 ranks resumed bitwise
 #   figures  samples/s on the GPU, side by side, ROUNDS rounds (env GPU_ROUNDS, default 3): mpiddp
 #            (nccl, 1 rank) and Python PyTorch DDP (nccl, 1 rank, eager) for the CNN, a 20 M-parameter
-#            MLP and torchvision's ResNet-18 (scripted for mpiddp); DDP overhead over the same steps
-#            without communication (mpiddp_ddp_bench --device cuda)
+#            MLP and torchvision's ResNet-18 (scripted for mpiddp); the GPT at GPT-2 small's shape
+#            (bf16) against nanoGPT's under Python DDP: tokens/s, MFU (llm.c's formula), whole-run
+#            seconds; DDP overhead over the same steps without communication and the GPU time of the
+#            NCCL collectives per step, from CUDA events (mpiddp_ddp_bench --device cuda)
 # Where one command may run 10 minutes at most, two calls do it all, each on a fresh machine:
 #   bash bench/gpu.sh OUT deps,build,tests     and     bash bench/gpu.sh OUT deps,build,cli,train,figures
 # (GPU_CTEST_JOBS, default nproc/2, sets the suite's parallelism; GPU_ROUNDS the figures' rounds).
@@ -135,12 +139,18 @@ if has tests; then
     gpu_check "tests: CUDA collectives, np$n (nccl at 1 rank; mpi staged or CUDA-aware)" grep -q "PASSED" "$logs/comm_gpu.np$n.log"
     mpirun --oversubscribe -n "$n" "$build/tests/test_ddp_mpi" --gtest_filter='DdpCuda.*' >"$logs/ddp_gpu.np$n.log" 2>&1
     gpu_check "tests: DDP on CUDA equals one process, np$n" grep -q "\[  PASSED  \] 2 tests" "$logs/ddp_gpu.np$n.log"
+    mpirun --oversubscribe -n "$n" "$build/tests/test_zero_mpi" --gtest_filter='ZeroCuda.*' >"$logs/zero_gpu.np$n.log" 2>&1
+    gpu_check "tests: ZeRO 1 and 2 on CUDA equal stage 0; the GPT on CUDA follows its CPU run, np$n" \
+      grep -q "\[  PASSED  \] 2 tests" "$logs/zero_gpu.np$n.log"
   done
 fi
 
 data=$work/data
 mkdir -p "$data"
 [ -f "$data/fm-train.h5" ] || "$mpiddp" data fashion-mnist --out "$data/fm" >/dev/null
+# Token shards (bytes) of this repository's own text, for the GPT: ~0.6 MB, llm.c's format.
+[ -f "$data/text_train_000001.bin" ] || "$mpiddp" data text --in README.md docs/*.md src/*/*.cpp src/*/*.hpp \
+  include/mpiddp/*.hpp --out "$data/text" >/dev/null
 
 if has cli; then
   say "cli: info, bench"
@@ -162,8 +172,16 @@ if has cli; then
     grep -q "Out of bounds values : 0 OK" "$logs/bench_mpi_cuda.txt"
 fi
 
-accuracy() { $py -c 'import json,sys; print([x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "epoch"][-1]["test_accuracy"])' "$1"; }
+last_epoch() { $py -c 'import json,sys; print([x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "epoch"][-1][sys.argv[2]])' "$1" "$2"; }
+accuracy() { last_epoch "$1" test_accuracy; }
 at_least() { $py -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' "$1" "$2"; }
+within() { $py -c 'import sys; a, b, t = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= t * abs(b) else 1)' "$1" "$2" "$3"; }
+# The built-in GPT (nanoGPT's by name and numbers) on the token shards: the shape and AdamW of
+# bench/lm_bench.sh, nanoGPT's decay groups and clipping; gpt2 is GPT-2 small's shape (124 M).
+gpt_small=(--model gpt --n-layer 4 --n-head 4 --n-embd 256 --block-size 128 --vocab-size 256)
+gpt2=(--model gpt --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --vocab-size 50304)
+gpt_run=(--data "$data/text_train_000001.bin" --epochs 1000 --optimizer adamw --lr 1e-3 --betas 0.9,0.95
+         --weight-decay 0.1 --weight-decay-params matrices --clip-grad-norm 1.0)
 
 if has train; then
   say "train: Fashion-MNIST on the GPU"
@@ -201,6 +219,39 @@ if has train; then
     acc=$(accuracy "$m" 2>/dev/null || echo 0)
     run_check "train cnn --precision $p on cuda: test accuracy $acc >= 0.88" at_least "$acc" 0.88
   done
+  # The GPT on CUDA against its CPU run (same seed, data and 300 steps; the CPU suite proves that run
+  # equal to nanoGPT's): the final test loss within 2% (fp32) and 5% (bf16 autocast), and learned
+  # (below 60% of a uniform guess's ln 256 = 5.55).
+  common=(train "${gpt_small[@]}" "${gpt_run[@]}" --test-data "$data/text_val_000000.bin" --batch-size 16
+          --max-steps 300 --log-every 0)
+  m=$logs/gpt_cpu.jsonl
+  rm -f "$m"
+  mpirun --oversubscribe -n 1 --bind-to none "$mpiddp" "${common[@]}" --device cpu --backend mpi \
+    --threads "$(( $(nproc) / 2 ))" --metrics "$m" >/dev/null
+  ref=$(last_epoch "$m" test_loss 2>/dev/null || echo nan)
+  run_check "train gpt on cpu (the reference): test loss $ref < 3.33" $py -c 'import sys; sys.exit(0 if float(sys.argv[1]) < 3.33 else 1)' "$ref"
+  for p in fp32:0.02 bf16:0.05; do
+    m=$logs/gpt_cuda_${p%:*}.jsonl
+    rm -f "$m"
+    mpirun --oversubscribe -n 1 "$mpiddp" "${common[@]}" --device cuda --backend nccl --precision "${p%:*}" \
+      --metrics "$m" >/dev/null
+    got=$(last_epoch "$m" test_loss 2>/dev/null || echo nan)
+    run_check "train gpt --device cuda --precision ${p%:*}: test loss $got within ${p#*:} of the CPU run's $ref" \
+      within "$got" "$ref" "${p#*:}"
+  done
+  # ZeRO stage 2 on CUDA: 2 ranks sharing the GPU (mpi group), snapshots of the gathered optimizer
+  # state every 20 steps, a run resumed from step 20 ends bitwise where the whole run ends.
+  snap=$work/zsnap
+  rm -rf "$snap" "$snap-ref"
+  common=(train "${gpt_small[@]}" "${gpt_run[@]}" --batch-size 8 --grad-accum 2 --max-steps 60 --save-every-steps 20
+          --keep 0 --device cuda --backend mpi --zero-stage 2 --log-every 0)
+  mpirun --oversubscribe -n 2 "$mpiddp" "${common[@]}" --snapshot-dir "$snap-ref" >/dev/null
+  mkdir -p "$snap" && cp "$snap-ref/snapshot-step0000000020.h5" "$snap/"
+  mpirun --oversubscribe -n 2 "$mpiddp" "${common[@]}" --snapshot-dir "$snap" \
+    --resume "$snap/snapshot-step0000000020.h5" >/dev/null
+  run_check "train gpt --zero-stage 2 cuda np2 (mpi): resumed from step 20, final state bitwise equal" \
+    bash -c 'for g in /model /optimizer /rng; do h5diff -q "$1" "$2" $g $g || exit 1; done' _ \
+    "$snap-ref/latest.h5" "$snap/latest.h5"
 fi
 
 if has figures; then
@@ -228,14 +279,42 @@ if has figures; then
       $py -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({"round": int(sys.argv[2]), "model": sys.argv[3], "who": "python", "samples_per_s": r["samples_per_s"]}))' \
         "$m" "$r" "$model" >>"$fig" || result "figures: python $model round $r" FAIL
     done
+    # GPT-2 small, bf16, 60 steps of 16 x 1024 tokens: tokens/s of the steps after the first 10
+    # (mpiddp: its log lines' windows 11-20 .. 51-60; Python: its clock from step 10, synchronised),
+    # and the whole run's seconds, start-up included, as the user waits for it.
+    m=$logs/fig.mpiddp.gpt2.$r.jsonl
+    rm -f "$m"
+    t0=$(date +%s.%N)
+    mpirun --oversubscribe -n 1 "$mpiddp" train "${gpt2[@]}" "${gpt_run[@]}" --batch-size 16 --max-steps 60 \
+      --device cuda --backend nccl --precision bf16 --log-every 10 --metrics "$m" >/dev/null
+    t1=$(date +%s.%N)
+    $py -c 'import json, statistics, sys
+w = [x["tokens_per_s"] for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "log"][1:]
+print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": "mpiddp", "tokens_per_s": statistics.median(w),
+                  "seconds": float(sys.argv[4]) - float(sys.argv[3])}))' "$m" "$r" "$t0" "$t1" >>"$fig" ||
+      result "figures: mpiddp gpt2 round $r" FAIL
+    m=$logs/fig.python.gpt2.$r.jsonl
+    t0=$(date +%s.%N)
+    mpirun --oversubscribe -n 1 -x MASTER_PORT=2956$r $py bench/python_gpt_ddp.py "$data/text_train_000001.bin" 60 \
+      12 12 768 1024 16 1 --device cuda --backend nccl --precision bf16 --vocab 50304 --timed-from 10 >"$m"
+    t1=$(date +%s.%N)
+    $py -c 'import json, sys
+r = json.loads(open(sys.argv[1]).readlines()[-1])
+print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": "python", "tokens_per_s": r["tokens_per_s"],
+                  "params": r["params"], "seconds": float(sys.argv[4]) - float(sys.argv[3])}))' "$m" "$r" "$t0" "$t1" >>"$fig" ||
+      result "figures: python gpt2 round $r" FAIL
     for model in cnn mlp; do
       mpirun --oversubscribe -n 1 "$build/bench/mpiddp_ddp_bench" --model "$model" --device cuda --backend nccl \
         --steps 50 --rounds 6 --warmup 10 --batch 64 | sed "s/^{/{\"round\": $r, \"who\": \"ddp_bench\", /" >>"$fig"
     done
   done
-  $py - "$fig" <<'PY' | tee "$out/figures.md"
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  $py - "$fig" "$gpu_name" <<'PY' | tee "$out/figures.md"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+gpu = sys.argv[2]
+print(f"GPU: {gpu or 'unknown'}")
+print()
 print("| model | mpiddp samples/s (median, range) | Python DDP samples/s | mpiddp / Python (rounds) |")
 print("|---|---|---|---|")
 for model in ["cnn", "mlp_wide", "resnet18"]:
@@ -248,12 +327,35 @@ for model in ["cnn", "mlp_wide", "resnet18"]:
           f"{statistics.median(p.values()):.0f} ({min(p.values()):.0f}-{max(p.values()):.0f}) | "
           f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)}) |")
 print()
+# GPT-2 small: tokens/s and MFU by llm.c's formula, 6 N + 6 L C T flops per token, against the
+# GPU's dense bf16 peak (H100 SXM and H200 989 TFLOP/s, H100 NVL 835, H100 PCIe 756).
+g = {who: [r for r in rows if r.get("model") == "gpt2" and r.get("who") == who] for who in ("mpiddp", "python")}
+if g["mpiddp"] and g["python"]:
+    n, l, c, t = g["python"][0]["params"], 12, 768, 1024
+    peak = 756e12 if "PCIe" in gpu else 835e12 if "NVL" in gpu else 989e12
+    flops = 6 * n + 6 * l * c * t
+    ratios = sorted(m["tokens_per_s"] / p["tokens_per_s"] for m in g["mpiddp"] for p in g["python"] if m["round"] == p["round"])
+    print("| GPT-2 small, bf16, 16 x 1024 tokens per step | tokens/s (median, range) | MFU | whole run, s (median) |")
+    print("|---|---|---|---|")
+    for who in ("mpiddp", "python"):
+        v = [r["tokens_per_s"] for r in g[who]]
+        s = [r["seconds"] for r in g[who]]
+        print(f"| {who} | {statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f}) | "
+              f"{100 * statistics.median(v) * flops / peak:.1f}% | {statistics.median(s):.1f} |")
+    print(f"mpiddp / Python tokens/s: {statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)}); "
+          f"N = {n} parameters, peak {peak / 1e12:.0f} TFLOP/s")
+    print()
 for model in ["cnn", "mlp"]:
     d = [r for r in rows if r.get("who") == "ddp_bench" and r["model"] == model]
     over = sorted(100 * (a / b - 1) for r in d for a, b in zip(r["ddp_ms"], r["local_ms"]))
     if over:
         print(f"DDP overhead, {model}: median {statistics.median(over):+.1f}% over the same steps without communication "
               f"(quartiles {over[len(over) // 4]:+.1f}% .. {over[3 * len(over) // 4]:+.1f}%, {len(over)} blocks)")
+    gpu_ms = [x for r in d for x in r.get("device_ms", [])]
+    if gpu_ms:
+        step_ms = statistics.median(x for r in d for x in r["ddp_ms"])
+        print(f"NCCL collectives' GPU time per step, {model} (CUDA events): median {statistics.median(gpu_ms):.3f} ms "
+              f"({min(gpu_ms):.3f}-{max(gpu_ms):.3f}) of a {step_ms:.2f} ms step")
 PY
 fi
 

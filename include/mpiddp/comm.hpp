@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,9 @@ class ProcessGroup {
   const CommOptions& options() const { return options_; }
   /// Sequence number of the last collective issued (0 before the first).
   uint64_t sequence() const { return seq_; }
+  /// GPU time of this group's completed collectives, in seconds, from CUDA events recorded around
+  /// each on the group's stream (nccl); nullopt where the backend does not measure it.
+  virtual std::optional<double> device_seconds() const { return std::nullopt; }
 
   /// output = op over ranks of input (same shape).
   WorkHandle allreduce_async(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op);

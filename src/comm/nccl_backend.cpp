@@ -1,9 +1,12 @@
 // The nccl backend: CUDA tensors over an NCCL communicator that MPI bootstraps (rank 0's
 // ncclUniqueId travels by MPI_Bcast; no store, no environment variables). Collectives run on the
 // group's own non-blocking CUDA stream, ordered after the default stream's work by an event; a
-// handle completes when its event has fired. Raw CUDA streams and events keep this file free of
-// libtorch's CUDA API, so it compiles against a CPU-only libtorch.
+// handle completes when its event has fired; a timed event before it gives the collective's GPU
+// time (device_seconds()). Raw CUDA streams and events keep this file free of libtorch's CUDA API,
+// so it compiles against a CPU-only libtorch.
 #include <mpiddp/error.hpp>
+
+#include <atomic>
 
 #include "comm/backends.hpp"
 #include "comm/work.hpp"
@@ -37,11 +40,18 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 class NcclWork : public PollingWork {
  public:
-  NcclWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, ncclComm_t comm, cudaEvent_t done,
-           std::vector<torch::Tensor> keep)
-      : PollingWork(call, timeout, std::move(keep)), comm_(comm), done_event_(done) {}
+  /// `started` and `done` bracket the collective on the group's stream; their span is added to
+  /// `*device_ns` on completion.
+  NcclWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, ncclComm_t comm, cudaEvent_t started,
+           cudaEvent_t done, std::atomic<int64_t>* device_ns, std::vector<torch::Tensor> keep)
+      : PollingWork(call, timeout, std::move(keep)),
+        comm_(comm),
+        started_event_(started),
+        done_event_(done),
+        device_ns_(device_ns) {}
   ~NcclWork() override {
     settle();
+    cudaEventDestroy(started_event_);
     cudaEventDestroy(done_event_);
   }
 
@@ -51,6 +61,12 @@ class NcclWork : public PollingWork {
     if (q == cudaSuccess) {
       // Later work on the default stream must see the results.
       MPIDDP_CHECK_CUDA(cudaStreamWaitEvent(0, done_event_, 0));
+      float ms = 0;  // a measurement, not a result: an error here leaves the total as it was
+      if (cudaEventElapsedTime(&ms, started_event_, done_event_) == cudaSuccess) {
+        device_ns_->fetch_add(static_cast<int64_t>(static_cast<double>(ms) * 1e6));
+      } else {
+        cudaGetLastError();
+      }
       return true;
     }
     MPIDDP_CHECK(q == cudaErrorNotReady, std::string("CUDA error while waiting for ") + what() + ": " +
@@ -69,7 +85,9 @@ class NcclWork : public PollingWork {
 
  private:
   ncclComm_t comm_;
+  cudaEvent_t started_event_;
   cudaEvent_t done_event_;
+  std::atomic<int64_t>* device_ns_;
 };
 
 class NcclProcessGroup : public ProcessGroup {
@@ -104,6 +122,7 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "nccl"; }
+  std::optional<double> device_seconds() const override { return static_cast<double>(device_ns_.load()) * 1e-9; }
   bool averages_natively() const override { return true; }  // ncclAvg
 
  protected:
@@ -117,6 +136,9 @@ class NcclProcessGroup : public ProcessGroup {
     // The group's stream starts after everything already queued on the default stream.
     MPIDDP_CHECK_CUDA(cudaEventRecord(ready_, 0));
     MPIDDP_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0));
+    cudaEvent_t started = nullptr;
+    MPIDDP_CHECK_CUDA(cudaEventCreate(&started));  // timed: device_seconds()
+    MPIDDP_CHECK_CUDA(cudaEventRecord(started, stream_));
     std::vector<torch::Tensor> keep = {c.input, c.output};
     if (c.kind == Collective::kBarrier) {
       MPIDDP_CHECK_NCCL(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
@@ -160,9 +182,9 @@ class NcclProcessGroup : public ProcessGroup {
       }
     }
     cudaEvent_t done = nullptr;
-    MPIDDP_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    MPIDDP_CHECK_CUDA(cudaEventCreate(&done));
     MPIDDP_CHECK_CUDA(cudaEventRecord(done, stream_));
-    return std::make_unique<NcclWork>(c, options().timeout, comm_, done, std::move(keep));
+    return std::make_unique<NcclWork>(c, options().timeout, comm_, started, done, &device_ns_, std::move(keep));
   }
 
  private:
@@ -171,6 +193,7 @@ class NcclProcessGroup : public ProcessGroup {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   void* barrier_buf_ = nullptr;
+  std::atomic<int64_t> device_ns_{0};  ///< GPU time of the completed collectives
 };
 
 }  // namespace

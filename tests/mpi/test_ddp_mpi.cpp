@@ -213,25 +213,12 @@ TEST(Ddp, MlpMatchesSingleProcessOnEveryBackend) {
   }
 }
 
-// TF32 would round the models' matrix products and convolutions to 10 bits: compare float32
-// with float32.
-namespace {
-void float32_on_gpu() {
-  at::globalContext().setAllowTF32CuBLAS(false);
-  at::globalContext().setAllowTF32CuDNN(false);
-}
-}  // namespace
-
 // On the GPU: parameters, gradients and buckets on CUDA, through nccl (one GPU per rank) and the
 // mpi group (ranks may share a GPU; CUDA-aware MPI or staged through the host).
 TEST(DdpCuda, MlpMatchesSingleProcess) {
   MPIDDP_SKIP_WITHOUT_GPU();
-  float32_on_gpu();
-  std::vector<std::string> backends = {"mpi"};
-  const bool gpu_per_rank = on_all_ranks(runtime().local_size() <= runtime().visible_gpus());
-  const auto built = mpiddp::available_backends();
-  if (gpu_per_rank && std::find(built.begin(), built.end(), "nccl") != built.end()) backends.emplace_back("nccl");
-  for (const auto& backend : backends) {
+  mpiddp::testing::float32_on_gpu();
+  for (const auto& backend : mpiddp::testing::cuda_backends()) {
     RunSpec spec;
     spec.backend = backend;
     spec.device = runtime().device();
@@ -243,7 +230,7 @@ TEST(DdpCuda, MlpMatchesSingleProcess) {
 
 TEST(DdpCuda, CnnWithAdamMatchesSingleProcess) {
   MPIDDP_SKIP_WITHOUT_GPU();
-  float32_on_gpu();
+  mpiddp::testing::float32_on_gpu();
   RunSpec spec;
   spec.images = true;
   spec.adam = true;

@@ -3,6 +3,8 @@
 // SGD+momentum, Adam and AdamW (nanoGPT's decay groups), clipping to the global norm, gradient
 // accumulation and small buckets whose shards cut parameters apart; the shards cover every element
 // once; the gathered optimizer state is DDP's, and a ZeroOptimizer made from it continues the run.
+// On a GPU (bench/gpu.sh): the same equalities with everything on CUDA, and the GPT trained on CUDA
+// under stage 2 following the CPU run of stage 0.
 #include <mpiddp/compat.hpp>
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/gpt.hpp>
@@ -29,7 +31,7 @@ constexpr int64_t kBatch = 3;
 // micro-batch and rank, so every run sees the same).
 struct Case {
   std::function<std::shared_ptr<torch::nn::Module>()> make;
-  std::function<torch::Tensor(torch::nn::Module&, int step, int micro, int rank)> loss;
+  std::function<torch::Tensor(torch::nn::Module&, int step, int micro, int rank, c10::Device)> loss;
 };
 
 void seed_for(int step, int micro, int rank) { torch::manual_seed(1000 + 100 * step + 10 * micro + rank); }
@@ -40,10 +42,10 @@ Case mlp() {  // 20 -> 33 -> 7 -> 4: element counts that no rank count divides
                                                                torch::nn::Linear(33, 7), torch::nn::ReLU(),
                                                                torch::nn::Linear(7, 4));
           },
-          [](torch::nn::Module& m, int step, int micro, int rank) {
+          [](torch::nn::Module& m, int step, int micro, int rank, c10::Device device) {
             seed_for(step, micro, rank);
             auto x = torch::randn({kBatch, 20}), y = torch::randn({kBatch, 4});
-            return torch::mse_loss(dynamic_cast<torch::nn::SequentialImpl&>(m).forward(x), y);
+            return torch::mse_loss(dynamic_cast<torch::nn::SequentialImpl&>(m).forward(x.to(device)), y.to(device));
           }};
 }
 
@@ -64,10 +66,10 @@ struct CnnImpl : torch::nn::Module {
 
 Case cnn() {
   return {[] { return std::make_shared<CnnImpl>(); },
-          [](torch::nn::Module& m, int step, int micro, int rank) {
+          [](torch::nn::Module& m, int step, int micro, int rank, c10::Device device) {
             seed_for(step, micro, rank);
-            auto x = torch::randn({kBatch, 1, 28, 28});
-            auto y = torch::randint(0, 10, {kBatch}, torch::kLong);
+            auto x = torch::randn({kBatch, 1, 28, 28}).to(device);
+            auto y = torch::randint(0, 10, {kBatch}, torch::kLong).to(device);
             return torch::nn::functional::cross_entropy(dynamic_cast<CnnImpl&>(m).forward(x), y);
           }};
 }
@@ -88,9 +90,9 @@ mpiddp::GptConfig gpt_config() {
 
 Case gpt() {
   return {[] { return std::make_shared<mpiddp::GptImpl>(gpt_config()); },
-          [](torch::nn::Module& m, int step, int micro, int rank) {
+          [](torch::nn::Module& m, int step, int micro, int rank, c10::Device device) {
             seed_for(step, micro, rank);
-            auto tokens = torch::randint(0, 37, {kBatch, 9}, torch::kLong);
+            auto tokens = torch::randint(0, 37, {kBatch, 9}, torch::kLong).to(device);
             auto logits = dynamic_cast<mpiddp::GptImpl&>(m).forward(tokens.narrow(1, 0, 8));
             return torch::nn::functional::cross_entropy(logits.reshape({-1, 37}), tokens.narrow(1, 1, 8).reshape(-1));
           }};
@@ -128,6 +130,7 @@ struct Spec {
   int64_t bucket_cap = mpiddp::kDefaultBucketCapBytes;
   std::string backend = "mpi";
   std::optional<c10::ScalarType> compression;  // gradients on the wire
+  c10::Device device = c10::kCPU;               // of the model, its data and the optimizer's state
 };
 
 struct Training {
@@ -141,6 +144,7 @@ Training start(const Case& c, const Spec& s) {
   Training r;
   torch::manual_seed(7);
   r.model = c.make();
+  r.model->to(s.device);
   mpiddp::DdpOptions d;
   d.zero_stage = s.stage;
   d.bucket_cap_bytes = d.first_bucket_cap_bytes = s.bucket_cap;
@@ -157,7 +161,7 @@ void train(Training& r, const Case& c, const Spec& s, int first_step, int steps)
     for (int m = 0; m < s.accum; ++m) {
       std::optional<mpiddp::DistributedDataParallel::NoSync> local;
       if (m + 1 < s.accum) local.emplace(r.ddp.get());
-      (c.loss(*r.model, step, m, rank) / s.accum).backward();
+      (c.loss(*r.model, step, m, rank, s.device) / s.accum).backward();
     }
     if (r.zero) {
       if (s.clip > 0) r.zero->clip_grad_norm(s.clip);
@@ -173,7 +177,7 @@ void train(Training& r, const Case& c, const Spec& s, int first_step, int steps)
 double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   if (a.size() != b.size()) return 1e9;
   double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i].cpu() - b[i].cpu()).abs().max().item<double>());
   return worst;
 }
 
@@ -293,7 +297,9 @@ TEST(Zero, GatheredStateIsDdpsAndResumes) {
     s.stage = stage;
     s.bucket_cap = 1024;
     s.clip = 0.5;
-    Training ddp = start(gpt(), Spec{0, s.optimizer, s.clip, s.accum, s.bucket_cap});
+    Spec reference = s;
+    reference.stage = 0;
+    Training ddp = start(gpt(), reference);
     train(ddp, gpt(), s, 0, 3);
     Training zero = start(gpt(), s);
     train(zero, gpt(), s, 0, 3);
@@ -345,4 +351,54 @@ TEST(Zero, RefusesWhatItCannotShard) {
   torch::optim::RMSprop other(r.model->parameters(), torch::optim::RMSpropOptions(0.01));
   MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::ZeroOptimizer z(*r.ddp, other); }).find("ZeRO shards SGD, Adam and AdamW") !=
                     std::string::npos);
+}
+
+// On the GPU: parameters, gradient buckets, shards and the optimizer's state on CUDA (the fused
+// AdamW's CUDA kernel on each shard), through every group that takes CUDA tensors here.
+TEST(ZeroCuda, MlpAndGptEqualDdpOnCuda) {
+  MPIDDP_SKIP_WITHOUT_GPU();
+  mpiddp::testing::float32_on_gpu();
+  for (const auto& backend : mpiddp::testing::cuda_backends()) {
+    for (const auto& [name, model] : {std::pair{"mlp", mlp()}, std::pair{"gpt", gpt()}}) {
+      for (int stage : {1, 2}) {
+        Spec s;
+        s.stage = stage;
+        s.backend = backend;
+        s.device = mpiddp::testing::runtime().device();
+        s.clip = 1.0;
+        s.accum = 2;
+        s.bucket_cap = 4096;  // several buckets, parameters cut by the shards' borders
+        const double diff = stage_vs_ddp(model, s);
+        MPIDDP_EXPECT_ALL(diff <= 1e-6) << name << " on " << backend << ", stage " << stage << ": " << diff;
+      }
+    }
+  }
+  Spec s;
+  s.stage = 2;
+  s.device = mpiddp::testing::runtime().device();
+  Training r = start(gpt(), s);
+  train(r, gpt(), s, 0, 2);
+  auto named = r.model->named_parameters();
+  MPIDDP_EXPECT_ALL(named["lm_head.weight"].is_same(named["transformer.wte.weight"]) &&
+                    named["lm_head.weight"].is_cuda());
+}
+
+// The CPU-proven reference on the GPU: the GPT trained on CUDA under stage 2 follows its CPU run
+// under stage 0, float32 both. SGD, so that the kernels' rounding differences (~1e-7) stay that size
+// (Adam would divide them by the square root of its second moment).
+TEST(ZeroCuda, GptOnCudaFollowsCpu) {
+  MPIDDP_SKIP_WITHOUT_GPU();
+  mpiddp::testing::float32_on_gpu();
+  Spec cpu;
+  cpu.optimizer = "sgd";
+  cpu.clip = 1.0;
+  cpu.accum = 2;
+  Spec cuda = cpu;
+  cuda.stage = 2;
+  cuda.device = mpiddp::testing::runtime().device();
+  Training on_cpu = start(gpt(), cpu), on_cuda = start(gpt(), cuda);
+  train(on_cpu, gpt(), cpu, 0, 4);
+  train(on_cuda, gpt(), cuda, 0, 4);
+  const double diff = max_abs_diff(on_cuda.model->parameters(), on_cpu.model->parameters());
+  MPIDDP_EXPECT_ALL(diff <= 1e-5) << diff;
 }

@@ -135,11 +135,12 @@ class GPT(nn.Module):
             loss = None
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, fused=False):
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+        extra = {"fused": True} if fused else {}  # nanoGPT's choice on CUDA
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

@@ -5,11 +5,14 @@
 #include <mpiddp/comm.hpp>
 #include <mpiddp/runtime.hpp>
 
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace mpiddp::testing {
 
@@ -33,6 +36,23 @@ inline bool cuda_on_all_ranks() { return on_all_ranks(torch::cuda::is_available(
 inline bool gpu_required() {
   const char* v = std::getenv("MPIDDP_REQUIRE_GPU");
   return v != nullptr && std::string(v) == "1";
+}
+
+/// The groups that take CUDA tensors here: mpi always (CUDA-aware or staged through the host; ranks
+/// may share a GPU), nccl where it is built and every rank has a GPU of its own.
+inline std::vector<std::string> cuda_backends() {
+  std::vector<std::string> backends = {"mpi"};
+  const bool gpu_per_rank = on_all_ranks(runtime().local_size() <= runtime().visible_gpus());
+  const auto built = available_backends();
+  if (gpu_per_rank && std::find(built.begin(), built.end(), "nccl") != built.end()) backends.emplace_back("nccl");
+  return backends;
+}
+
+/// TF32 would round CUDA's float32 matrix products and convolutions to 10 bits: a GPU case compares
+/// float32 with float32.
+inline void float32_on_gpu() {
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
 }
 
 }  // namespace mpiddp::testing
