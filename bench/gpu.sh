@@ -175,6 +175,21 @@ fi
 last_epoch() { $py -c 'import json,sys; print([x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "epoch"][-1][sys.argv[2]])' "$1" "$2"; }
 accuracy() { last_epoch "$1" test_accuracy; }
 at_least() { $py -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' "$1" "$2"; }
+# resume_check NAME DIR STEP ARGS...: `mpiddp ARGS` at 2 ranks whole (snapshots in DIR-ref), then
+# again resumed from its step-STEP snapshot (in DIR); PASS when both end bitwise equal (model,
+# optimizer, RNG).
+resume_check() {
+  local name=$1 snap=$2 step=$3 first
+  shift 3
+  first=snapshot-step$(printf %010d "$step").h5
+  rm -rf "$snap" "$snap-ref"
+  mpirun --oversubscribe -n 2 "$mpiddp" "$@" --snapshot-dir "$snap-ref" >/dev/null
+  mkdir -p "$snap" && cp "$snap-ref/$first" "$snap/"
+  mpirun --oversubscribe -n 2 "$mpiddp" "$@" --snapshot-dir "$snap" --resume "$snap/$first" >/dev/null
+  run_check "$name: resumed from step $step, final state bitwise equal (model, optimizer, RNG)" \
+    bash -c 'for g in /model /optimizer /rng; do h5diff -q "$1" "$2" $g $g || exit 1; done' _ \
+    "$snap-ref/latest.h5" "$snap/latest.h5"
+}
 within() { $py -c 'import sys; a, b, t = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= t * abs(b) else 1)' "$1" "$2" "$3"; }
 # The built-in GPT (nanoGPT's by name and numbers) on the token shards: the shape and AdamW of
 # bench/lm_bench.sh, nanoGPT's decay groups and clipping; gpt2 is GPT-2 small's shape (124 M).
@@ -192,17 +207,9 @@ if has train; then
   acc=$(accuracy "$m" 2>/dev/null || echo 0)
   run_check "train cnn --device cuda --backend nccl: test accuracy $acc >= 0.90" at_least "$acc" 0.90
   # Two ranks sharing the GPU through the mpi backend, snapshots, exact resume.
-  snap=$work/snap
-  rm -rf "$snap" "$snap-ref"
-  common=(train --device cuda --backend mpi --model cnn --data "$data/fm-train.h5" --epochs 2 --batch-size 64
-          --max-steps 120 --save-every-steps 40 --keep 0 --optimizer adam --lr 0.001)
-  mpirun --oversubscribe -n 2 "$mpiddp" "${common[@]}" --snapshot-dir "$snap-ref" >/dev/null
-  mkdir -p "$snap" && cp "$snap-ref/snapshot-step0000000040.h5" "$snap/"
-  mpirun --oversubscribe -n 2 "$mpiddp" "${common[@]}" --snapshot-dir "$snap" \
-    --resume "$snap/snapshot-step0000000040.h5" >/dev/null
-  run_check "train cuda np2 (mpi): resumed from step 40, final state bitwise equal (model, optimizer, RNG)" \
-    bash -c 'for g in /model /optimizer /rng; do h5diff -q "$1" "$2" $g $g || exit 1; done' _ \
-    "$snap-ref/latest.h5" "$snap/latest.h5"
+  resume_check "train cnn cuda np2 (mpi)" "$work/snap" 40 train --device cuda --backend mpi --model cnn \
+    --data "$data/fm-train.h5" --epochs 2 --batch-size 64 --max-steps 120 --save-every-steps 40 --keep 0 \
+    --optimizer adam --lr 0.001
   # A TorchScript model and mixed precision.
   $py bench/python_ddp.py --model cnn --save-script "$work/cnn.pt" --seed 0
   m=$logs/train_script.jsonl
@@ -241,17 +248,9 @@ if has train; then
   done
   # ZeRO stage 2 on CUDA: 2 ranks sharing the GPU (mpi group), snapshots of the gathered optimizer
   # state every 20 steps, a run resumed from step 20 ends bitwise where the whole run ends.
-  snap=$work/zsnap
-  rm -rf "$snap" "$snap-ref"
-  common=(train "${gpt_small[@]}" "${gpt_run[@]}" --batch-size 8 --grad-accum 2 --max-steps 60 --save-every-steps 20
-          --keep 0 --device cuda --backend mpi --zero-stage 2 --log-every 0)
-  mpirun --oversubscribe -n 2 "$mpiddp" "${common[@]}" --snapshot-dir "$snap-ref" >/dev/null
-  mkdir -p "$snap" && cp "$snap-ref/snapshot-step0000000020.h5" "$snap/"
-  mpirun --oversubscribe -n 2 "$mpiddp" "${common[@]}" --snapshot-dir "$snap" \
-    --resume "$snap/snapshot-step0000000020.h5" >/dev/null
-  run_check "train gpt --zero-stage 2 cuda np2 (mpi): resumed from step 20, final state bitwise equal" \
-    bash -c 'for g in /model /optimizer /rng; do h5diff -q "$1" "$2" $g $g || exit 1; done' _ \
-    "$snap-ref/latest.h5" "$snap/latest.h5"
+  resume_check "train gpt --zero-stage 2 cuda np2 (mpi)" "$work/zsnap" 20 train "${gpt_small[@]}" "${gpt_run[@]}" \
+    --batch-size 8 --grad-accum 2 --max-steps 60 --save-every-steps 20 --keep 0 --device cuda --backend mpi \
+    --zero-stage 2 --log-every 0
 fi
 
 if has figures; then
