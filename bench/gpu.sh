@@ -10,6 +10,9 @@
 #   deps     unpack the packages into a prefix (system libraries win where the image has the soname)
 #   build    mpiddp against the machine's libtorch (torch.utils.cmake_prefix_path) and NCCL
 #   tests    the whole CTest suite with MPIDDP_REQUIRE_GPU=1: GPU cases fail instead of skipping
+#            (GPU_SUITE=gpu: only the unit and MPI tests, which hold every GPU test case; the cli
+#            stage checks info and bench on the GPU, and scripts/test.sh runs the system tests on
+#            the CPU against the same torch wheel)
 #   cli      mpiddp info at 1 and 2 ranks; mpiddp bench --backend nccl -c 1 (1 rank), --backend mpi
 #            --device cuda -c 1 (2 ranks sharing the GPU)
 #   train    mpiddp train --device cuda --backend nccl --model cnn on Fashion-MNIST (>= 90% test
@@ -24,6 +27,8 @@
 #            NCCL collectives per step, from CUDA events (mpiddp_ddp_bench --device cuda)
 # Where one command may run 10 minutes at most, two calls do it all, each on a fresh machine:
 #   bash bench/gpu.sh OUT deps,build,tests     and     bash bench/gpu.sh OUT deps,build,cli,train,figures
+# With less device time (15 minutes, starts included), one call does every GPU check and a round of
+# figures: GPU_SUITE=gpu GPU_ROUNDS=1 bash bench/gpu.sh OUT
 # (GPU_CTEST_JOBS, default nproc/2, sets the suite's parallelism; GPU_ROUNDS the figures' rounds).
 # A CPU rehearsal, on a machine without a GPU, against the same torch wheel (scripts/build_pip.sh's venv):
 #   GPU_REHEARSAL=1 GPU_PYTHON=build-pip/venv/bin/python bash bench/gpu.sh OUT deps,build,tests
@@ -126,12 +131,14 @@ if has tests; then
   say "tests: ctest ($([ "$rehearsal" = 1 ] && echo "CPU rehearsal: GPU cases skip" || echo MPIDDP_REQUIRE_GPU=1))"
   # Not system.modules: it holds Makefile.llsc to the host's module system and Debian's own Open MPI
   # first on PATH, where here the prefix's comes first (scripts/test.sh runs it on Debian 12).
+  selection=(-E '^system\.modules$')
+  [ "${GPU_SUITE:-all}" = gpu ] && selection=(-L '^(unit|mpi)$')
   ctest --test-dir "$build" --output-on-failure -j "${GPU_CTEST_JOBS:-$(( $(nproc) / 2 ))}" --timeout 1500 \
-    -E '^system\.modules$' >"$out/tests.log" 2>&1
+    "${selection[@]}" >"$out/tests.log" 2>&1
   rc=$?
   grep -E "tests passed|tests failed|\*\*\*Failed|Not Run|\*\*\*Skipped|Timeout" "$out/tests.log"
-  [ $rc -eq 0 ] && result "tests: whole suite" PASS "$(grep 'tests passed' "$out/tests.log")" ||
-    result "tests: whole suite" FAIL "$(grep 'tests passed\|tests failed' "$out/tests.log")"
+  [ $rc -eq 0 ] && result "tests: suite (${GPU_SUITE:-all})" PASS "$(grep 'tests passed' "$out/tests.log")" ||
+    result "tests: suite (${GPU_SUITE:-all})" FAIL "$(grep 'tests passed\|tests failed' "$out/tests.log")"
   # The GPU cases ran (not skipped) at 1 and 2 ranks.
   for n in 1 2; do
     mpirun --oversubscribe -n "$n" "$build/tests/test_comm_mpi" --gtest_filter='*mpi_cuda*:*nccl*' --gtest_brief=1 \
