@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -130,6 +131,12 @@ bool nccl_usable() {
   return on_all_ranks(mine);
 }
 
+// Under MPIDDP_REQUIRE_GPU=1, an unusable nccl is a failure unless ranks share a GPU (which NCCL
+// cannot serve at all).
+bool nccl_required() {
+  return mpiddp::testing::gpu_required() && on_all_ranks(runtime().local_size() <= runtime().visible_gpus());
+}
+
 std::vector<std::string> cpu_backends() {
   std::vector<std::string> b;
   for (const auto& name : mpiddp::available_backends()) {
@@ -185,10 +192,7 @@ class CollectiveTest : public ::testing::TestWithParam<Case> {};
 TEST_P(CollectiveTest, MatchesFormula) {
   const auto& [backend, kind, dtype, op, in_place] = GetParam();
   if (backend == "nccl" && !nccl_usable()) {
-    // Two ranks sharing one GPU cannot use NCCL at all; anything else on the GPU machine is a failure.
-    if (mpiddp::testing::gpu_required() && on_all_ranks(runtime().local_size() <= runtime().visible_gpus())) {
-      FAIL() << "MPIDDP_REQUIRE_GPU=1 but the nccl backend is unusable";
-    }
+    if (nccl_required()) FAIL() << "MPIDDP_REQUIRE_GPU=1 but the nccl backend is unusable";
     GTEST_SKIP() << "nccl needs one GPU per rank and a CUDA libtorch";
   }
   if (backend == "mpi_cuda") MPIDDP_SKIP_WITHOUT_GPU();
@@ -374,3 +378,21 @@ TEST(Names, RoundTrip) {
   MPIDDP_EXPECT_ALL(ok);
 }
 
+
+// The nccl group times its collectives on the GPU (CUDA events around each on its stream); the CPU
+// groups say that they do not measure it.
+TEST(CommTiming, NcclMeasuresGpuTimeTheOthersSayNone) {
+  for (const auto& name : cpu_backends()) MPIDDP_EXPECT_ALL(!group(name).device_seconds().has_value()) << name;
+  const auto built = mpiddp::available_backends();
+  if (std::find(built.begin(), built.end(), "nccl") == built.end()) GTEST_SKIP() << "nccl is not built";
+  if (!nccl_usable()) {
+    if (nccl_required()) FAIL() << "MPIDDP_REQUIRE_GPU=1 but the nccl backend is unusable";
+    GTEST_SKIP() << "nccl needs one GPU per rank and a CUDA libtorch";
+  }
+  auto& pg = group("nccl");
+  const double before = pg.device_seconds().value_or(-1);
+  auto t = torch::ones({1 << 22}, torch::TensorOptions().device(runtime().device()));
+  pg.allreduce(t);
+  const double after = pg.device_seconds().value_or(-1);
+  MPIDDP_EXPECT_ALL(before >= 0 && after > before) << before << " s, then " << after << " s";
+}
