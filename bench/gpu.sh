@@ -122,7 +122,7 @@ if has build; then
     -DMPI_C_COMPILER="$usr/bin/mpicc.openmpi" -DMPI_CXX_COMPILER="$usr/bin/mpicxx.openmpi" \
     -DHDF5_ROOT="$usr" -DHDF5_C_INCLUDE_DIR="$usr/include/hdf5/serial" \
     -DHDF5_hdf5_LIBRARY_RELEASE="$lib/hdf5/serial/libhdf5.so" -DProtobuf_PROTOC_EXECUTABLE="$usr/bin/protoc" \
-    -DZLIB_ROOT="$prefix/fallback/usr"
+    -DZLIB_ROOT="$prefix/fallback/usr" -DCMAKE_UNITY_BUILD=ON  # a third less build time, as in scripts/test.sh
 fi
 mpiddp=$build/mpiddp
 [ -x "$mpiddp" ] || { result "build: $mpiddp exists" FAIL; exit 1; }
