@@ -4,7 +4,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -125,17 +124,11 @@ int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtyp
 }
 
 // nccl needs one GPU per rank and a CUDA build of libtorch; every rank reaches the same answer.
-bool nccl_usable() {
-  const bool mine = runtime().device().is_cuda() && torch::cuda::is_available() &&
-                    runtime().local_size() <= runtime().visible_gpus();
-  return on_all_ranks(mine);
-}
+bool nccl_usable() { return mpiddp::testing::cuda_on_all_ranks() && mpiddp::testing::gpu_per_rank(); }
 
 // Under MPIDDP_REQUIRE_GPU=1, an unusable nccl is a failure unless ranks share a GPU (which NCCL
 // cannot serve at all).
-bool nccl_required() {
-  return mpiddp::testing::gpu_required() && on_all_ranks(runtime().local_size() <= runtime().visible_gpus());
-}
+bool nccl_required() { return mpiddp::testing::gpu_required() && mpiddp::testing::gpu_per_rank(); }
 
 std::vector<std::string> cpu_backends() {
   std::vector<std::string> b;
@@ -378,13 +371,11 @@ TEST(Names, RoundTrip) {
   MPIDDP_EXPECT_ALL(ok);
 }
 
-
 // The nccl group times its collectives on the GPU (CUDA events around each on its stream); the CPU
 // groups say that they do not measure it.
 TEST(CommTiming, NcclMeasuresGpuTimeTheOthersSayNone) {
   for (const auto& name : cpu_backends()) MPIDDP_EXPECT_ALL(!group(name).device_seconds().has_value()) << name;
-  const auto built = mpiddp::available_backends();
-  if (std::find(built.begin(), built.end(), "nccl") == built.end()) GTEST_SKIP() << "nccl is not built";
+  if (!mpiddp::testing::nccl_built()) GTEST_SKIP() << "nccl is not built";
   if (!nccl_usable()) {
     if (nccl_required()) FAIL() << "MPIDDP_REQUIRE_GPU=1 but the nccl backend is unusable";
     GTEST_SKIP() << "nccl needs one GPU per rank and a CUDA libtorch";

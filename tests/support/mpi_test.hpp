@@ -38,13 +38,20 @@ inline bool gpu_required() {
   return v != nullptr && std::string(v) == "1";
 }
 
+/// True on every rank iff no two ranks of a node have to share a GPU (NCCL's condition).
+inline bool gpu_per_rank() { return on_all_ranks(runtime().local_size() <= runtime().visible_gpus()); }
+
+/// Whether this binary has the nccl backend.
+inline bool nccl_built() {
+  const auto built = available_backends();
+  return std::find(built.begin(), built.end(), "nccl") != built.end();
+}
+
 /// The groups that take CUDA tensors here: mpi always (CUDA-aware or staged through the host; ranks
 /// may share a GPU), nccl where it is built and every rank has a GPU of its own.
 inline std::vector<std::string> cuda_backends() {
   std::vector<std::string> backends = {"mpi"};
-  const bool gpu_per_rank = on_all_ranks(runtime().local_size() <= runtime().visible_gpus());
-  const auto built = available_backends();
-  if (gpu_per_rank && std::find(built.begin(), built.end(), "nccl") != built.end()) backends.emplace_back("nccl");
+  if (gpu_per_rank() && nccl_built()) backends.emplace_back("nccl");
   return backends;
 }
 
