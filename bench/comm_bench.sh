@@ -9,11 +9,9 @@
 # usage: bench/comm_bench.sh [BUILD_DIR] [REPS]   (prints the table; raw data in $OUT_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-reps=${2:-3}
-out=${OUT_DIR:-$build/bench-comm}
-mkdir -p "$out"
-source scripts/env.sh
+source bench/lib.sh
+bench_init comm 3 "$@"
+reps=$rounds
 mpicc -O2 -o "$out/mpi_allreduce_loop" bench/mpi_allreduce_loop.c
 min=8 max=$((256 << 20)) warmup=5 iters=20
 have_gloo=0
@@ -83,3 +81,24 @@ if gloo:
     gl = [med([x[s]['busbw_gbps'] for x in gloo]) / pb for s, pt, mt, pb, mb in rows if s >= (1 << 20)]
     print(f"From 1 MiB up, gloo / plain MPI busbw: median {med(gl):.3f}.")
 PY
+# The raw numbers as records (bench/lib.sh), saved to bench/results/.
+python3 - "$out" "$reps" <<'PY' | while IFS=$'\t' read -r rep contender metric value unit; do
+import json, os, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+for r in range(1, reps + 1):
+    for l in open(f"{out}/plain.{r}.txt"):
+        size, t, bw = l.split()[:3]
+        print(f"{r}\tplain MPI_Allreduce loop\tallreduce float32 {size} B: time\t{t}\tus")
+        print(f"{r}\tplain MPI_Allreduce loop\tallreduce float32 {size} B: busbw\t{bw}\tGB/s")
+    for name, who in (("mpi", "mpiddp mpi"), ("gloo", "mpiddp gloo"), ("before", "mpiddp mpi, before (MPIDDP_BENCH_BEFORE)")):
+        p = f"{out}/{name}.{r}.json"
+        if not os.path.exists(p):
+            continue
+        for x in json.load(open(p))["results"]:
+            o = x["out_of_place"]
+            print(f"{r}\t{who}\tallreduce float32 {x['size_bytes']} B: time\t{o['time_us']}\tus")
+            print(f"{r}\t{who}\tallreduce float32 {x['size_bytes']} B: busbw\t{o['busbw_gbps']}\tGB/s")
+PY
+  record debian12 "$rep" "$contender" "$metric" "$value" "$unit"
+done
+save_results

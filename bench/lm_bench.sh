@@ -11,22 +11,19 @@
 #   usage: bench/lm_bench.sh [BUILD_DIR] [ROUNDS]    (MPIDDP_BENCH_STACKS=debian12 for one stack)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-rounds=${2:-3}
-out=${OUT_DIR:-$build/bench-lm}
-stacks=${MPIDDP_BENCH_STACKS:-debian12 sid pip}
-mkdir -p "$out"
+source bench/lib.sh
+bench_init lm 3 "$@"
 bash scripts/deps.sh python3-torch time >&2
-source bench/stacks.sh
-build_stacks "$build" $stacks
-[ -s "$out/text_train_000001.bin" ] || "$build/mpiddp" data text --in /usr/share/common-licenses/GPL-3 \
-  /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/GFDL-1.3 --out "$out/text" >&2
+# shellcheck disable=SC2086  # the list of stacks
+build_stacks $stacks
+text=$(workload_text)
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for stack in $stacks; do
-    on_stack "$stack" bash bench/lm_round.sh "$stack" "$(stack_build "$stack" "$build")" "$round" "$out"
+    on_stack "$stack" bash bench/lm_round.sh "$stack" "$(stack_dir "$stack" "$build")" "$round" "$out" "$text"
   done
 done
+save_results "$out/results.jsonl"
 /usr/bin/python3 - "$out/results.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One round of bench/lm_bench.sh on one stack (the host or the chroot): mpiddp and Python, each a
 # short and a long run; one JSON line per run in OUT/results.jsonl.
-#   usage: bench/lm_round.sh STACK BUILD_DIR ROUND OUT_DIR
+#   usage: bench/lm_round.sh STACK BUILD_DIR ROUND OUT_DIR TOKEN_SHARD
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stack=$1 build=$2 round=$3 out=$4
+stack=$1 build=$2 round=$3 out=$4 text=$5
 source scripts/env.sh
-py=${MPIDDP_BENCH_PYTHON:-/usr/bin/python3}  # the stack's Python (train_round.sh says which)
+py=${MPIDDP_BENCH_PYTHON:-/usr/bin/python3}  # the stack's Python (scripts/stacks.sh: on_stack)
 shape=(4 4 256 128) batch=4 accum=2
 tokens_per_step=$((2 * batch * accum * 128))
 for steps in 8 40; do
@@ -16,12 +16,12 @@ for steps in 8 40; do
     if [ "$who" = mpiddp ]; then
       mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core /usr/bin/time -a -o "$rss" -f %M "$build/mpiddp" train \
         --model gpt --n-layer 4 --n-head 4 --n-embd 256 --block-size 128 --vocab-size 256 \
-        --data "$out/text_train_000001.bin" --batch-size $batch --grad-accum $accum --max-steps $steps --epochs 1000 \
+        --data "$text" --batch-size $batch --grad-accum $accum --max-steps $steps --epochs 1000 \
         --optimizer adamw --lr 1e-3 --betas 0.9,0.95 --weight-decay 0.1 --weight-decay-params matrices \
         --clip-grad-norm 1.0 --threads 1 --log-every 0 >/dev/null
     else
       mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core /usr/bin/time -a -o "$rss" -f %M $py bench/python_gpt_ddp.py \
-        "$out/text_train_000001.bin" $steps "${shape[@]}" $batch $accum 1 >/dev/null
+        "$text" $steps "${shape[@]}" $batch $accum 1 >/dev/null
     fi
     t1=$(date +%s.%N)
     $py -c 'import json, sys

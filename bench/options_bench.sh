@@ -16,18 +16,15 @@
 # Run it inside scripts/chroot.sh with BUILD_DIR build-sid for libtorch 2.14.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-rounds=${2:-3}
+source bench/lib.sh
+bench_init options 3 "${1:-}" "${2:-}"
 parts=${3:-prefetch precision defaults}
-out=${OUT_DIR:-$build/bench-options}
-mkdir -p "$out"
-source scripts/env.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 py=/usr/bin/python3
 mpiddp=$build/mpiddp
 [ -x "$mpiddp" ] || bash scripts/build.sh "$build" >&2
-data=$out/fm-train.h5 test=$out/fm-test.h5
-[ -f "$data" ] || "$mpiddp" data fashion-mnist --out "$out/fm.h5" >&2
+train=$(workload_fm)
+test=${train%-train.h5}-test.h5
 results=$out/options.jsonl
 : >"$results"
 torch_version=$($py -c 'import torch; print(torch.__version__)')
@@ -38,7 +35,7 @@ run() {  # run PART LABEL NP ARGS...: one run, one JSON line (the last epoch's m
   local log=$out/run.jsonl t0 t1 rc=0
   rm -f "$log"
   t0=$(date +%s.%N)
-  mpirun -np "$np" "${MPIRUN_FLAGS[@]}" "$mpiddp" train --data "$data" --threads 1 --log-every 0 --metrics "$log" \
+  mpirun -np "$np" "${MPIRUN_FLAGS[@]}" "$mpiddp" train --data "$train" --threads 1 --log-every 0 --metrics "$log" \
     "$@" >"$out/run.out" 2>&1 || rc=$?
   t1=$(date +%s.%N)
   if [ "$rc" -ne 0 ]; then
@@ -54,7 +51,7 @@ print(json.dumps({"part": part, "label": label, "np": int(np_), "wall_s": float(
 PY
 }
 
-for round in $(seq 1 "$rounds"); do
+for _ in $(seq 1 "$rounds"); do
   if [[ " $parts " == *" prefetch "* ]]; then
     for np in 1 2; do
       for src in memory file; do
@@ -84,6 +81,7 @@ if [[ " $parts " == *" defaults "* ]]; then
   run defaults "cnn, defaults, 3 epochs" 2 --model cnn --test-data "$test" --epochs 3
 fi
 
+save_results "$results"
 $py - "$results" <<'PY'
 import json, statistics, sys
 from collections import defaultdict

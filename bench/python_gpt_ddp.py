@@ -1,4 +1,4 @@
-"""The Python baseline of bench/lm_bench.sh and bench/gpu.sh: nanoGPT's GPT (tests/python/nanogpt_ref.py,
+"""The Python baseline of bench/lm_bench.sh and scripts/gpu.sh: nanoGPT's GPT (tests/python/nanogpt_ref.py,
 the model mpiddp is tested equal to) under PyTorch DDP, started by mpirun the SuperCloud way (rank
 and size from Open MPI's variables), nanoGPT's loop: micro-batches of windows drawn from the llm.c
 shard in DistributedSampler's order, loss / K, DDP's sync only on the last (no_sync), clip, AdamW

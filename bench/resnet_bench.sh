@@ -4,26 +4,18 @@
 # Python PyTorch DDP (gloo) training the same network eagerly. Interleaved rounds of one epoch over
 # the first SAMPLES training images each; test accuracy on the 10 000 test images.
 #   usage: bench/resnet_bench.sh [BUILD_DIR] [ROUNDS] [SAMPLES]
-# Writes bench-resnet/results.jsonl (one line per run) and prints a table.
+# Writes $OUT_DIR/results.jsonl (default BUILD_DIR/bench-resnet; one line per run) and prints a table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build} rounds=${2:-2} samples=${3:-12800}
+source bench/lib.sh
+bench_init resnet 2 "${1:-}" "${2:-}"
+samples=${3:-12800}
 bash scripts/deps.sh python3-torch python3-torchvision python3-h5py >&2
-source scripts/env.sh
 py=/usr/bin/python3
-out=bench-resnet
-mkdir -p "$out"
 rm -f "$out/results.jsonl"
-[ -f "$out/fm-train.h5" ] || "$build/mpiddp" data fashion-mnist --out "$out/fm" >&2
-$py - "$out/fm-train.h5" "$out/train.h5" "$samples" <<'PY'
-import h5py, sys
-src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with h5py.File(src, "r") as f, h5py.File(dst, "w") as g:
-    g["inputs"] = f["inputs"][:n]
-    g["inputs"].attrs["scale"] = f["inputs"].attrs["scale"]
-    g["targets"] = f["targets"][:n]
-    g.attrs["num_classes"] = f.attrs["num_classes"]
-PY
+train=$(workload_fm_head "$samples")
+fm_train=$(workload_fm)
+fm_test=${fm_train%-train.h5}-test.h5
 $py tests/python/torchscript_ref.py make-model resnet18 "$out/resnet18.pt" 0
 for round in $(seq 1 "$rounds"); do
   for who in python mpiddp; do
@@ -32,11 +24,11 @@ for round in $(seq 1 "$rounds"); do
     rm -f "$log"
     t0=$(date +%s.%N)
     if [ $who = python ]; then
-      mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core $py bench/python_ddp.py --model resnet18 --data "$out/train.h5" \
-        --test-data "$out/fm-test.h5" --batch-size 64 --lr 0.001 --optimizer adam --threads 1 --epochs 1 >"$log"
+      mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core $py bench/python_ddp.py --model resnet18 --data "$train" \
+        --test-data "$fm_test" --batch-size 64 --lr 0.001 --optimizer adam --threads 1 --epochs 1 >"$log"
     else
       mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$build/mpiddp" train --model "$out/resnet18.pt" \
-        --data "$out/train.h5" --test-data "$out/fm-test.h5" --batch-size 64 --lr 0.001 --optimizer adam --threads 1 \
+        --data "$train" --test-data "$fm_test" --batch-size 64 --lr 0.001 --optimizer adam --threads 1 \
         --epochs 1 --metrics "$log" >&2
     fi
     t1=$(date +%s.%N)
@@ -44,6 +36,7 @@ for round in $(seq 1 "$rounds"); do
       "$log" $who "$round" "$t0" "$t1" >>"$out/results.jsonl"
   done
 done
+save_results "$out/results.jsonl"
 $py - "$out/results.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

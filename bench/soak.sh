@@ -8,17 +8,16 @@
 #   usage: bench/soak.sh [BUILD_DIR] [STEPS]   (raw samples in $OUT_DIR/rss.tsv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
+source bench/lib.sh
+bench_init soak 1 "${1:-}"
 steps=${2:-300000}
-out=${OUT_DIR:-$build/bench-soak}
 rm -rf "$out" && mkdir -p "$out"
-source scripts/env.sh
 mpiddp=$build/mpiddp
 # A larger set than the seeds' 2048 samples: epochs (their all-reduce, metrics line and rank lines)
 # come every several hundred steps, and progress lines within them.
-"$mpiddp" data synthetic --samples 102400 --features 20 --seed 0 --out "$out/toy.h5" >/dev/null
+toy=$(workload_toy 102400)
 mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core "$mpiddp" train --model linear --optimizer sgd --lr 0.001 \
-  --data "$out/toy.h5" --batch-size 32 --threads 1 --epochs 1000000 --max-steps "$steps" \
+  --data "$toy" --batch-size 32 --threads 1 --epochs 1000000 --max-steps "$steps" \
   --snapshot-dir "$out/snaps" --save-every 0 --save-every-steps 2000 --keep 3 \
   --metrics "$out/metrics.jsonl" --log-every 200 >"$out/train.log" 2>&1 &
 launcher=$!

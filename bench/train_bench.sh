@@ -24,34 +24,20 @@
 #   usage: bench/train_bench.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-rounds=${2:-3}
-out=${OUT_DIR:-$build/bench-train}
-stacks=${MPIDDP_BENCH_STACKS:-debian12 sid pip}
-mkdir -p "$out"
+source bench/lib.sh
+bench_init train 3 "$@"
 bash scripts/deps.sh python3-torch python3-h5py >&2
-source bench/stacks.sh
-build_stacks "$build" $stacks
-mpiddp=$build/mpiddp
-py=/usr/bin/python3
-
-"$mpiddp" data synthetic --samples 2048 --features 20 --seed 0 --out "$out/toy.h5" >&2
-[ -f "$out/fm-train.h5" ] || "$mpiddp" data fashion-mnist --out "$out/fm.h5" >&2
-$py - "$out/fm-train.h5" "$out/cnn.h5" 2560 <<'PY'
-import h5py, sys
-src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with h5py.File(src, "r") as f, h5py.File(dst, "w") as g:
-    for k, v in f.attrs.items(): g.attrs[k] = v
-    for name in ("inputs", "targets"):
-        d = g.create_dataset(name, data=f[name][:n])
-        for k, v in f[name].attrs.items(): d.attrs[k] = v
-PY
+# shellcheck disable=SC2086  # the list of stacks
+build_stacks $stacks
+toy=$(workload_toy)
+cnn=$(workload_fm_head 2560)
 
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for stack in $stacks; do
-    on_stack "$stack" bash bench/train_round.sh "$stack" "$(stack_build "$stack" "$build")" "$round" "$out"
+    on_stack "$stack" bash bench/train_round.sh "$stack" "$(stack_dir "$stack" "$build")" "$round" "$out" "$toy" "$cnn"
   done
 done
+save_results "$out/results.jsonl"
 
-$py bench/train_report.py "$out/results.jsonl"
+/usr/bin/python3 bench/train_report.py "$out/results.jsonl"

@@ -2,14 +2,14 @@
 # One round of bench/train_bench.sh on one software stack (called by it, on the host or inside the
 # chroot of scripts/chroot.sh): every contender, both workloads, each at two lengths; appends one
 # JSON line per run to OUT/results.jsonl.
-#   usage: bench/train_round.sh STACK BUILD_DIR ROUND OUT_DIR
+#   usage: bench/train_round.sh STACK BUILD_DIR ROUND OUT_DIR TOY_H5 CNN_H5
 # A run's wall time is taken from just before mpirun to its exit: what the user waits for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stack=$1 build=$2 round=$3 out=$4
+stack=$1 build=$2 round=$3 out=$4 toy=$5 cnn=$6
 source scripts/env.sh
 # The stack's Python with torch and h5py: Debian's by default (python3 on PATH may be another), the
-# venv's on the pip stack (MPIDDP_BENCH_PYTHON, set by train_bench.sh).
+# venv's on the pip stack (MPIDDP_BENCH_PYTHON, set by on_stack of scripts/stacks.sh).
 py=${MPIDDP_BENCH_PYTHON:-/usr/bin/python3}
 torch_version=$($py -c 'import torch; print(torch.__version__)')
 mpiddp=$build/mpiddp hand=$build/bench/mpiddp_handwritten_ddp
@@ -30,9 +30,9 @@ lengths() {  # lengths WORKLOAD CONTENDER -> "SHORT LONG"
 run() {  # run WORKLOAD CONTENDER EPOCHS
   local workload=$1 who=$2 epochs=$3 data batch args np=2
   if [ "$workload" = toy ]; then
-    data=$out/toy.h5 batch=32 args=(--model linear --lr 0.001 --optimizer sgd)
+    data=$toy batch=32 args=(--model linear --lr 0.001 --optimizer sgd)
   else
-    data=$out/cnn.h5 batch=64 args=(--model cnn --lr 0.002 --optimizer adam)
+    data=$cnn batch=64 args=(--model cnn --lr 0.002 --optimizer adam)
   fi
   args+=(--epochs "$epochs")
   local log=$out/$stack.$workload.$who.$epochs.$round.jsonl

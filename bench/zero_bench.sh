@@ -11,16 +11,12 @@
 #   usage: bench/zero_bench.sh [BUILD_DIR] [ROUNDS] [RANKS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-rounds=${2:-2}
+source bench/lib.sh
+bench_init zero 2 "${1:-}" "${2:-}"
 ranks=${3:-2}
-out=${OUT_DIR:-$build/bench-zero}
-source scripts/env.sh
-mkdir -p "$out"
 bash scripts/deps.sh time >&2
 bash scripts/build.sh "$build" >&2
-[ -s "$out/text_train_000001.bin" ] || "$build/mpiddp" data text --in /usr/share/common-licenses/GPL-3 \
-  /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/GFDL-1.3 --out "$out/text" >&2
+text=$(workload_text)
 layers=6 heads=6 width=384 block=256 vocab=256 batch=4 bucket_mb=${MPIDDP_ZERO_BUCKET_MB:-2}
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
@@ -30,7 +26,7 @@ for round in $(seq 1 "$rounds"); do
       t0=$(date +%s.%N)
       mpirun -np "$ranks" "${MPIRUN_FLAGS[@]}" --bind-to core /usr/bin/time -a -o "$rss" -f %M "$build/mpiddp" train \
         --model gpt --n-layer $layers --n-head $heads --n-embd $width --block-size $block --vocab-size $vocab \
-        --data "$out/text_train_000001.bin" --batch-size $batch --max-steps $steps --epochs 1000 \
+        --data "$text" --batch-size $batch --max-steps $steps --epochs 1000 \
         --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight-decay 0.1 --weight-decay-params matrices \
         --clip-grad-norm 1.0 --zero-stage $stage --bucket-cap-mb "$bucket_mb" --first-bucket-cap-mb 1 --threads 1 \
         --log-every 0 >/dev/null
@@ -44,6 +40,7 @@ print(json.dumps({"round": int(sys.argv[1]), "stage": int(sys.argv[2]), "steps":
     done
   done
 done
+save_results "$out/results.jsonl"
 /usr/bin/python3 - "$out/results.jsonl" $layers $width $block $vocab "$ranks" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -4,20 +4,17 @@
 # limits a job on a node) of LIMIT_GIB, nanoGPT's GPT of LAYERS x 1152 wide (block 64, vocabulary
 # 256), AdamW, 2 steps of micro-batch 1, for each size and stage: whether it trained (else the
 # kernel's OOM killer ended a rank) and the cgroup's peak memory. Needs root (it makes the cgroup).
-#   usage: bench/zero_fit.sh [BUILD_DIR] [LIMIT_GIB] [LAYERS...]
+#   usage: bench/zero_fit.sh [BUILD_DIR] [LIMIT_GIB] [LAYERS...]   (logs in $OUT_DIR, default BUILD_DIR/bench-zero-fit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
+source bench/lib.sh
+bench_init zero-fit 1 "${1:-}"
 limit_gib=${2:-8}
 shift $(($# > 2 ? 2 : $#))
 layers=("$@")
 [ ${#layers[@]} -gt 0 ] || layers=(8 12 16 20 24)
-out=${OUT_DIR:-$build/bench-zero}
-source scripts/env.sh
-mkdir -p "$out"
 bash scripts/build.sh "$build" >&2
-[ -s "$out/text_train_000001.bin" ] || "$build/mpiddp" data text --in /usr/share/common-licenses/GPL-3 \
-  /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/GFDL-1.3 --out "$out/text" >&2
+text=$(workload_text)
 width=1152 heads=16 block=64 vocab=256
 
 # A fresh cgroup per run (its peak counter starts at zero): v2 where mounted as such, else v1.
@@ -53,7 +50,7 @@ for l in "${layers[@]}"; do
   for stage in 0 2; do
     read -r rc peak < <(run_limited "$out/fit-L$l-s$stage.log" mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core \
       "$build/mpiddp" train --model gpt --n-layer "$l" --n-head $heads --n-embd $width --block-size $block \
-      --vocab-size $vocab --data "$out/text_train_000001.bin" --batch-size 1 --max-steps 2 --optimizer adamw \
+      --vocab-size $vocab --data "$text" --batch-size 1 --max-steps 2 --optimizer adamw \
       --lr 6e-4 --weight-decay 0.1 --weight-decay-params matrices --zero-stage $stage --threads 1 --log-every 0)
     peak_gib=$(awk -v b="$peak" 'BEGIN { printf "%.2f", b / 2^30 }')
     if [ "$rc" -eq 0 ]; then row+=" trains (peak ${peak_gib} GiB) |"; else row+=" **out of memory** (exit $rc) |"; fi

@@ -2,10 +2,22 @@
 #   mpiddp_add_unit_test(NAME SOURCES...)                 serial gtest, label "unit"
 #   mpiddp_add_mpi_test(NAME SOURCES... [RANKS 1 2 3 4])  one executable, one CTest entry per rank
 #                                                          count, label "mpi"
+#   mpiddp_add_gpu_cases(NAME FILTER [RANKS 1 2])         the GPU cases of MPI test NAME (a gtest
+#                                                          filter) again, under MPIDDP_REQUIRE_GPU=1:
+#                                                          mpi.NAME.gpu.npN, label "gpu"; only with
+#                                                          MPIDDP_GPU_TESTS=ON (scripts/gpu.sh)
 #   mpiddp_add_script_test(NAME SCRIPT [ARGS...])         bash script, label "system"
+# Further labels, given in tests/CMakeLists.txt, choose what each stage of scripts/test.sh runs:
+#   torch    a system test whose result depends on the torch the build uses (libtorch's version,
+#            CUDA, NCCL, the Python side's torch): the pip stage runs these with the unit and MPI tests
+#   cluster  a system test that needs this machine's own services (a Slurm cluster in namespaces,
+#            the module systems): the sid chroot leaves these out
 
 set(MPIDDP_TEST_TIMEOUT 180 CACHE STRING "Per-test timeout in seconds")
 set(MPIDDP_TEST_RANKS 1 2 3 4 CACHE STRING "Rank counts every MPI test runs at")
+# Off by default: the GPU entries fail (not skip) where there is no GPU, so a plain `ctest` on a CPU
+# machine stays green; the GPU cases still run, or skip, inside the ordinary MPI entries.
+option(MPIDDP_GPU_TESTS "Register the GPU cases as CTest entries labelled gpu that fail without a GPU" OFF)
 
 # Open MPI refuses more ranks than cores without --oversubscribe, and root without its consent
 # variables; other MPIs need neither (and reject the flag).
@@ -73,6 +85,27 @@ function(mpiddp_add_mpi_test name)
                      $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
     set_tests_properties(mpi.${name}.np${n} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS mpi
                          PROCESSORS ${n} ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT}")
+  endforeach()
+endfunction()
+
+# A GPU case under MPIDDP_REQUIRE_GPU=1 fails instead of skipping where a GPU is missing (mpi_test.hpp),
+# so `ctest -L gpu` passes only where every case ran. A filter that selects nothing (a renamed case)
+# passes nothing: "[  PASSED  ] 0 tests" fails the entry.
+function(mpiddp_add_gpu_cases name filter)
+  if(NOT MPIDDP_GPU_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "" "RANKS" ${ARGN})
+  if(NOT ARG_RANKS)
+    set(ARG_RANKS 1 2)
+  endif()
+  foreach(n IN LISTS ARG_RANKS)
+    add_test(NAME mpi.${name}.gpu.np${n}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${MPIDDP_MPIEXEC_FLAGS}
+                     $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} --gtest_filter=${filter})
+    set_tests_properties(mpi.${name}.gpu.np${n} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS gpu
+                         PROCESSORS ${n} ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT};MPIDDP_REQUIRE_GPU=1"
+                         FAIL_REGULAR_EXPRESSION "\\[  PASSED  \\] 0 tests")
   endforeach()
 endfunction()
 

@@ -5,7 +5,7 @@
 # image) or else from a venv made for you in BUILD_DIR/venv by scripts/venv.sh (torch==2.11.0 from
 # PyPI, CUDA 13 build; MPIDDP_TORCH_VERSION picks another). The system tests' Python side then runs
 # with that same Python (MPIDDP_TEST_PYTHON), so the PyTorch references use the torch mpiddp links.
-# MPIDDP_PREFIX_PATH adds prefixes to search for the other dependencies (bench/gpu.sh: its own).
+# MPIDDP_PREFIX_PATH adds prefixes to search for the other dependencies (scripts/gpu.sh: its own).
 #
 # What links against what: libtorch, libtorch_cuda and NCCL are the wheel's (NCCL from the nvidia-nccl
 # wheel beside torch: the library libtorch_cuda itself loads, so the process has one NCCL, the version

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts: lets Open MPI run as root (CI and fresh machines run as root) and more
 # ranks than cores, which is how these small machines run 4-rank tests.
 if [ "$(id -u)" -eq 0 ]; then

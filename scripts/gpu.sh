@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Everything the GPU proof needs, in one call on a GPU machine (the 'cuda' image of the H100/H200
+# The GPU stage: everything the GPU proof needs, in one call on a GPU machine (the 'cuda' image of the H100/H200
 # machines: PyTorch 2.11+cu130 with its NCCL wheel, the CUDA 13 toolkit, CMake and ninja; no MPI,
 # HDF5, Boost or GoogleTest, and nothing outside it can be reached).
 #
 # Before, on a machine with Debian's archive: `bash scripts/gpu_debs.sh` (downloads the Debian 12
 # packages and Fashion-MNIST into .gpu-debs/, ~57 MiB); carry .gpu-debs to the GPU machine. There:
-#   bash bench/gpu.sh [OUT_DIR] [STAGES]
+#   bash scripts/gpu.sh [OUT_DIR] [STAGES]
 # STAGES (comma-separated, default all): deps,build,tests,cli,train,figures
 #   deps     unpack the packages into a prefix (system libraries win where the image has the soname)
-#   build    mpiddp against the machine's libtorch (torch.utils.cmake_prefix_path) and NCCL
+#   build    mpiddp against the machine's libtorch (torch.utils.cmake_prefix_path) and NCCL, with
+#            the GPU test entries (MPIDDP_GPU_TESTS=ON)
 #   tests    the whole CTest suite with MPIDDP_REQUIRE_GPU=1: GPU cases fail instead of skipping
 #            (GPU_SUITE=gpu: only the unit and MPI tests, which hold every GPU test case; the cli
 #            stage checks info and bench on the GPU, and scripts/test.sh runs the system tests on
-#            the CPU against the same torch wheel)
+#            the CPU against the same torch wheel); then the GPU cases alone, `ctest -L gpu` (1 and
+#            2 ranks), whose exit status is the GPU cases' verdict
 #   cli      mpiddp info at 1 and 2 ranks; mpiddp bench --backend nccl -c 1 (1 rank), --backend mpi
 #            --device cuda -c 1 (2 ranks sharing the GPU)
 #   train    mpiddp train --device cuda --backend nccl --model cnn on Fashion-MNIST (>= 90% test
@@ -26,16 +28,17 @@
 #            seconds; DDP overhead over the same steps without communication and the GPU time of the
 #            NCCL collectives per step, from CUDA events (mpiddp_ddp_bench --device cuda)
 # Where one command may run 10 minutes at most, two calls do it all, each on a fresh machine:
-#   bash bench/gpu.sh OUT deps,build,tests     and     bash bench/gpu.sh OUT deps,build,cli,train,figures
+#   bash scripts/gpu.sh OUT deps,build,tests     and     bash scripts/gpu.sh OUT deps,build,cli,train,figures
 # With less device time (15 minutes, starts included), one call does every GPU check and a round of
-# figures: GPU_SUITE=gpu GPU_ROUNDS=1 bash bench/gpu.sh OUT
+# figures: GPU_SUITE=gpu GPU_ROUNDS=1 bash scripts/gpu.sh OUT
 # (GPU_CTEST_JOBS, default nproc/2, sets the suite's parallelism; GPU_ROUNDS the figures' rounds).
 # A CPU rehearsal, on a machine without a GPU, against the same torch wheel (scripts/build_pip.sh's venv):
-#   GPU_REHEARSAL=1 GPU_PYTHON=build-pip/venv/bin/python bash bench/gpu.sh OUT deps,build,tests
+#   GPU_REHEARSAL=1 GPU_PYTHON=build-pip/venv/bin/python bash scripts/gpu.sh OUT deps,build,tests
 # runs the same deps, build and test steps with GPU cases skipping instead of failing; every check
-# that needs a GPU is reported SKIP, never PASS. On a GPU machine only the GPU steps are then new.
+# that needs a GPU is reported SKIP, never PASS (the gpu entries are run there only to see each of
+# them fail without a GPU). On a GPU machine only the GPU steps are then new.
 # Writes into OUT_DIR six files: summary.txt (one line per check: PASS/FAIL), gpu.log (everything),
-# tests.log (CTest), figures.jsonl and figures.md, logs.tgz (every other log); data, models and
+# tests.log (CTest: the suite, then the gpu entries), figures.jsonl and figures.md, logs.tgz (every other log); data, models and
 # snapshots go to GPU_WORK (default /tmp/mpiddp-gpu). Exit status non-zero if any check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -122,34 +125,46 @@ if has build; then
     -DMPI_C_COMPILER="$usr/bin/mpicc.openmpi" -DMPI_CXX_COMPILER="$usr/bin/mpicxx.openmpi" \
     -DHDF5_ROOT="$usr" -DHDF5_C_INCLUDE_DIR="$usr/include/hdf5/serial" \
     -DHDF5_hdf5_LIBRARY_RELEASE="$lib/hdf5/serial/libhdf5.so" -DProtobuf_PROTOC_EXECUTABLE="$usr/bin/protoc" \
-    -DZLIB_ROOT="$prefix/fallback/usr" -DCMAKE_UNITY_BUILD=ON  # a third less build time, as in scripts/test.sh
+    -DZLIB_ROOT="$prefix/fallback/usr" -DCMAKE_UNITY_BUILD=ON -DMPIDDP_BUILD_TESTS=ON -DMPIDDP_GPU_TESTS=ON
+  # (unity: a third less build time, as in scripts/test.sh)
 fi
 mpiddp=$build/mpiddp
 [ -x "$mpiddp" ] || { result "build: $mpiddp exists" FAIL; exit 1; }
 
 if has tests; then
   say "tests: ctest ($([ "$rehearsal" = 1 ] && echo "CPU rehearsal: GPU cases skip" || echo MPIDDP_REQUIRE_GPU=1))"
-  # Not system.modules: it holds Makefile.llsc to the host's module system and Debian's own Open MPI
-  # first on PATH, where here the prefix's comes first (scripts/test.sh runs it on Debian 12).
-  selection=(-E '^system\.modules$')
+  # Not the cluster tests: system.modules holds Makefile.llsc to the host's module system and Debian's
+  # own Open MPI first on PATH, where here the prefix's comes first (scripts/test.sh runs it on Debian
+  # 12); the Slurm ones would skip. The gpu entries run next, on their own.
+  selection=(-LE '^(cluster|gpu)$')
   [ "${GPU_SUITE:-all}" = gpu ] && selection=(-L '^(unit|mpi)$')
-  ctest --test-dir "$build" --output-on-failure -j "${GPU_CTEST_JOBS:-$(( $(nproc) / 2 ))}" --timeout 1500 \
-    "${selection[@]}" >"$out/tests.log" 2>&1
+  jobs=${GPU_CTEST_JOBS:-$(( $(nproc) / 2 ))}
+  ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 1500 "${selection[@]}" >"$out/tests.log" 2>&1
   rc=$?
   grep -E "tests passed|tests failed|\*\*\*Failed|Not Run|\*\*\*Skipped|Timeout" "$out/tests.log"
   [ $rc -eq 0 ] && result "tests: suite (${GPU_SUITE:-all})" PASS "$(grep 'tests passed' "$out/tests.log")" ||
     result "tests: suite (${GPU_SUITE:-all})" FAIL "$(grep 'tests passed\|tests failed' "$out/tests.log")"
-  # The GPU cases ran (not skipped) at 1 and 2 ranks.
-  for n in 1 2; do
-    mpirun --oversubscribe -n "$n" "$build/tests/test_comm_mpi" --gtest_filter='*mpi_cuda*:*nccl*:CommTiming.*' --gtest_brief=1 \
-      >"$logs/comm_gpu.np$n.log" 2>&1
-    gpu_check "tests: CUDA collectives, np$n (nccl at 1 rank; mpi staged or CUDA-aware)" grep -q "PASSED" "$logs/comm_gpu.np$n.log"
-    mpirun --oversubscribe -n "$n" "$build/tests/test_ddp_mpi" --gtest_filter='DdpCuda.*' >"$logs/ddp_gpu.np$n.log" 2>&1
-    gpu_check "tests: DDP on CUDA equals one process, np$n" grep -q "\[  PASSED  \] 2 tests" "$logs/ddp_gpu.np$n.log"
-    mpirun --oversubscribe -n "$n" "$build/tests/test_zero_mpi" --gtest_filter='ZeroCuda.*' >"$logs/zero_gpu.np$n.log" 2>&1
-    gpu_check "tests: ZeRO 1 and 2 on CUDA equal stage 0; the GPT on CUDA follows its CPU run, np$n" \
-      grep -q "\[  PASSED  \] 2 tests" "$logs/zero_gpu.np$n.log"
-  done
+  # The GPU cases, run (not skipped) at 1 and 2 ranks: the entries labelled gpu (tests/CMakeLists.txt,
+  # mpiddp_add_gpu_cases) set MPIDDP_REQUIRE_GPU=1, so a case without its GPU fails, and an entry that
+  # selects no case fails; their verdict is ctest's exit status. Collectives on CUDA (nccl at 1 rank;
+  # mpi staged or CUDA-aware), DDP on CUDA equal to one process, ZeRO 1 and 2 on CUDA equal to stage 0
+  # and the GPT on CUDA following its CPU run.
+  entries=$(ctest --test-dir "$build" -N -L '^gpu$' | awk '/Total Tests:/ {print $3}')
+  run_check "tests: gpu entries registered (MPIDDP_GPU_TESTS=ON): ${entries:-0}" [ "${entries:-0}" -gt 0 ]
+  echo "== ctest -L gpu" >>"$out/tests.log"
+  ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 1500 -L '^gpu$' >>"$out/tests.log" 2>&1
+  rc=$?
+  summary_line=$(grep 'tests passed\|tests failed' "$out/tests.log" | tail -n 1)
+  if [ "$rehearsal" = 1 ]; then
+    # Without a GPU every entry must fail: none may pass by skipping what it is there to prove.
+    run_check "tests: without a GPU every gpu entry fails, none passes by skipping" \
+      grep -q "^0% tests passed" <<<"$summary_line"
+    echo "SKIP tests: GPU cases, ctest -L gpu : CPU rehearsal, no GPU" | tee -a "$summary"
+  elif [ $rc -eq 0 ]; then
+    result "tests: GPU cases, ctest -L gpu (1 and 2 ranks)" PASS "$summary_line"
+  else
+    result "tests: GPU cases, ctest -L gpu (1 and 2 ranks)" FAIL "$summary_line"
+  fi
 fi
 
 data=$work/data
@@ -202,6 +217,7 @@ within() { $py -c 'import sys; a, b, t = map(float, sys.argv[1:]); sys.exit(0 if
 # bench/lm_bench.sh, nanoGPT's decay groups and clipping; gpt2 is GPT-2 small's shape (124 M).
 gpt_small=(--model gpt --n-layer 4 --n-head 4 --n-embd 256 --block-size 128 --vocab-size 256)
 gpt2=(--model gpt --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --vocab-size 50304)
+# shellcheck disable=SC2054  # --betas takes "0.9,0.95"
 gpt_run=(--data "$data/text_train_000001.bin" --epochs 1000 --optimizer adamw --lr 1e-3 --betas 0.9,0.95
          --weight-decay 0.1 --weight-decay-params matrices --clip-grad-norm 1.0)
 

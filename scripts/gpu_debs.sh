@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Downloads here (Debian 12, where the archive is reachable) the Debian packages that the GPU
 # machine's image lacks to build and test mpiddp: Open MPI, HDF5 (+ its tools), Boost.Program_options,
-# GoogleTest, nlohmann-json, Protobuf, with the libraries they load. bench/gpu.sh unpacks them into a
+# GoogleTest, nlohmann-json, Protobuf, with the libraries they load. scripts/gpu.sh unpacks them into a
 # prefix there (nothing outside the GPU machine can be reached from it), with Fashion-MNIST. ~57 MiB.
 # usage: scripts/gpu_debs.sh [DIR]   (default .gpu-debs, ignored by git; carry it to the GPU machine)
 set -euo pipefail

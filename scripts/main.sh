@@ -3,10 +3,14 @@
 # `mpiddp info`, convert the bundled Fashion-MNIST (Debian's dataset-fashion-mnist) to HDF5, and
 # train PyTorch's MNIST example CNN on 2 ranks with DDP, evaluating after every epoch.
 # usage: scripts/main.sh [extra `mpiddp train` options, e.g. --epochs 1]
+# Builds only what it runs: the mpiddp executable (target mpiddp_cli). A new build/ is configured
+# without tests and benchmarks; scripts/test.sh turns them on in the same build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-bash scripts/build.sh build
+new=()
+[ -f build/CMakeCache.txt ] || new=(-DMPIDDP_BUILD_TESTS=OFF -DMPIDDP_BUILD_BENCH=OFF)
+MPIDDP_BUILD_TARGETS=mpiddp_cli bash scripts/build.sh build "${new[@]}"
 source scripts/env.sh
 data=${MPIDDP_DATA_DIR:-build/data}
 mkdir -p "$data"

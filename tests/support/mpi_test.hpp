@@ -31,7 +31,7 @@ inline bool on_all_ranks(bool local) { return all_ok(runtime().world(), local); 
 /// True on every rank iff every rank's libtorch has CUDA and the rank has a GPU.
 inline bool cuda_on_all_ranks() { return on_all_ranks(torch::cuda::is_available() && runtime().device().is_cuda()); }
 
-/// MPIDDP_REQUIRE_GPU=1 (bench/gpu.sh sets it) turns a GPU case's skip into a failure, so a run
+/// MPIDDP_REQUIRE_GPU=1 (scripts/gpu.sh sets it) turns a GPU case's skip into a failure, so a run
 /// on the GPU machine cannot pass by skipping what it is there to prove.
 inline bool gpu_required() {
   const char* v = std::getenv("MPIDDP_REQUIRE_GPU");

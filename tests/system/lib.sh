@@ -6,7 +6,7 @@ failed=0
 : "${MPIEXEC:=mpiexec}"
 : "${MPIEXEC_FLAGS:=}"
 # The Python with torch, h5py and protobuf (CMake's MPIDDP_TEST_PYTHON): Debian's by default, the
-# venv's on the pip stack, the GPU image's in bench/gpu.sh (python3 on PATH may be another installation).
+# venv's on the pip stack, the GPU image's in scripts/gpu.sh (python3 on PATH may be another installation).
 TEST_PYTHON=${MPIDDP_TEST_PYTHON:-/usr/bin/python3}
 [ -x "$TEST_PYTHON" ] || TEST_PYTHON=python3
 # Every command gets a deadline: a hang is a failure, not a stuck CI job.
