@@ -4,7 +4,7 @@
 // "model/0.weight", "optimizer/0.weight/exp_avg", "rng/rank1") and root attributes (integers,
 // reals, texts). Every file also carries "checksum_crc32": a CRC-32 (zlib) over every tensor's
 // name, dtype, shape and bytes and every attribute, so a bit flip that HDF5 itself would not
-// notice is still refused. What the trainer stores is described in the README (Snapshots).
+// notice is still refused. What the trainer stores: docs/snapshots.md.
 #pragma once
 
 #include <torch/types.h>

@@ -19,10 +19,13 @@
 // After a step each parameter's .grad is a view of its bucket (as PyTorch DDP's
 // gradient_as_bucket_view): keep a copy, not the tensor, to hold a gradient past the next step.
 // Inside `auto guard = ddp.no_sync();` backward accumulates locally without communication.
+// How each bucket travels is the GradientReduction's (reduction.hpp): all-reduce by default,
+// compressed on the wire, or ZeRO's sharded reductions (zero.hpp).
 #pragma once
 
 #include <mpiddp/comm.hpp>
 #include <mpiddp/compat.hpp>
+#include <mpiddp/reduction.hpp>
 #include <mpiddp/timeline.hpp>
 
 #include <torch/torch.h>
@@ -46,36 +49,20 @@ struct DdpOptions {
   int64_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
   /// Re-broadcast buffers (BatchNorm running statistics) from rank 0 before each forward.
   bool broadcast_buffers = true;
-  /// Send gradients as bfloat16 or float16 (halves the bytes); results are accumulated back into
-  /// the parameters' own dtype. nullopt: no compression.
+  /// How buckets are reduced (reduction.hpp); nullptr: all_reduce(compression).
+  std::shared_ptr<GradientReduction> reduction;
+  /// Send gradients as bfloat16 or float16 (halves the bytes) with the default reduction; results
+  /// are accumulated back into the parameters' own dtype. nullopt: no compression. A reduction
+  /// given above takes its wire dtype itself (zero_reduction(stage, wire)).
   std::optional<c10::ScalarType> compression;
   /// Chrome-trace file (see Timeline); empty: the MPIDDP_TIMELINE environment variable, if set.
   std::string timeline_path;
-  /// Values that ride in the last bucket's all-reduce, after its gradients: write extras() before
-  /// a reducing backward, read the ranks' mean there after it (in the bucket's dtype, rounded
-  /// like the gradients when compressed). Per-step agreement (the Trainer's stop and non-finite
-  /// loss flags) without a collective of its own. With no trainable parameter they travel alone.
-  int64_t extra_values = 0;
-  /// ZeRO's use of the buckets (see ZeroOptimizer, zero.hpp). 0: DDP, every rank holds every
-  /// averaged gradient. 1: the same all-reduce, but each bucket's buffer is padded to a multiple
-  /// of the world size, so that rank r's shard of bucket b is its r-th equal slice. 2: each bucket
-  /// is reduce-scattered as backward fills it: a rank keeps only its slice of the averaged
-  /// gradient (grad_shard()), .grad is released once copied into its bucket, and the bucket's
-  /// buffer lives only from its first gradient to the end of its reduction. The extra values are
-  /// then all-reduced on their own, after the buckets.
-  int zero_stage = 0;
-};
-
-/// One bucket: which parameters (indices into parameters()) and where each lies in the flat buffer.
-struct BucketLayout {
-  std::vector<size_t> params;
-  std::vector<int64_t> offsets;  ///< element offset of each parameter in the bucket
-  int64_t numel = 0;
-  /// Elements of the bucket's buffer: numel rounded up to a multiple of the world size at ZeRO
-  /// stages 1 and 2 (zeros after the last parameter), else numel. Rank r's shard is elements
-  /// [r * padded / N, (r + 1) * padded / N).
-  int64_t padded = 0;
-  c10::ScalarType dtype = c10::kFloat;
+  /// Values whose mean over the ranks each reducing backward computes beside the gradients, with no
+  /// collective of its own when the reduction averages whole buffers (they ride at the end of the
+  /// last bucket: see reduction.hpp). Write mean_tail() before a reducing backward, read the ranks'
+  /// mean there after it (in the bucket's dtype, rounded like the gradients when compressed). The
+  /// Trainer's per-step agreement (stop and non-finite loss flags) travels here.
+  int64_t mean_tail_values = 0;
 };
 
 /// The bucket assignment rule as a pure function: parameters in reverse order of `sizes_bytes`
@@ -115,17 +102,15 @@ class DistributedDataParallel {
   /// The parameters it reduces (requires_grad, each tensor once), in registration order: the
   /// indices of BucketLayout::params.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
-  int zero_stage() const { return options_.zero_stage; }
-  /// Bucket b's gradient buffer (BucketLayout::padded elements, then the extra values in the last
-  /// one): after a reducing backward, the average. Stages 0 and 1 only (at stage 2 it is transient).
-  torch::Tensor bucket_gradients(size_t b) const;
-  /// Stage 2: this rank's slice of bucket b's averaged gradient (padded / N elements), written by
-  /// every reducing backward.
-  torch::Tensor grad_shard(size_t b) const;
+  /// The strategy that reduces the buckets.
+  const GradientReduction& reduction() const { return *reduction_; }
+  /// This rank's 1/N slice of bucket b's averaged gradient (BucketLayout::padded / N elements),
+  /// written by every reducing backward: what ZeRO steps.
+  torch::Tensor owned_gradient(size_t b) const;
   const DdpStats& stats() const { return stats_; }
-  /// The DdpOptions::extra_values slots (undefined when there are none): local values before a
+  /// The DdpOptions::mean_tail_values slots (undefined when there are none): local values before a
   /// reducing backward, the mean over the ranks after it. zero_grad() zeroes them too.
-  torch::Tensor extras() const { return extras_; }
+  torch::Tensor mean_tail() const { return mean_tail_; }
   Timeline* timeline() { return timeline_.get(); }
 
   /// Re-broadcasts buffers from rank 0 now (when enabled). Not needed per step: every reducing
@@ -170,9 +155,13 @@ class DistributedDataParallel {
   void broadcast_tensors(const std::vector<torch::Tensor>& tensors);
   void on_gradient(size_t param);
   void adopt_gradient(size_t param);
-  torch::Tensor& scatter_buffer(Bucket& b);  ///< stage 2: the bucket's buffer, made when first needed
-  void bound_scatter_buffers();               ///< stage 2: waits for old buckets to drop their buffers
-  void drop_scatter_buffer(Bucket& b);        ///< stage 2, reduced: the buffer and the handle go
+  void make_buckets();
+  void add_mean_tail(const std::vector<std::pair<std::string, torch::Tensor>>& parameters);
+  void make_gradient_views();
+  void add_gradient_hooks();
+  torch::Tensor& buffer(Bucket& b);      ///< the bucket's buffer (a transient one made when first needed)
+  void bound_transient_buffers();        ///< waits for old buckets to drop their transient buffers
+  void sent(Bucket& b);                  ///< its collective completed: a transient buffer goes
   void launch_ready_buckets(bool at_end);
   void launch(Bucket& b);
   void poll_launched();
@@ -191,7 +180,9 @@ class DistributedDataParallel {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  ///< param -> (bucket, slot)
   std::vector<torch::Tensor> views_;               ///< param -> its gradient's place in its bucket
-  torch::Tensor extras_;                           ///< the extra values: the tail of the last bucket
+  std::shared_ptr<GradientReduction> reduction_;
+  std::shared_ptr<GradientReduction> tail_reduction_;  ///< the mean tail's, when it travels alone
+  torch::Tensor mean_tail_;                        ///< the mean tail: the end of the last bucket's buffer
   torch::Tensor seed_;                             ///< backward()'s d(loss)/d(loss) = 1, reused
   std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> hooks_;  ///< accumulator, hook key
   size_t next_to_launch_ = 0;

@@ -139,6 +139,7 @@ struct TrainerOptions {
   GradScalerOptions loss_scaling;  ///< kHalf only
   bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
   std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
+  /// Buckets, compression, timeline. Its reduction and mean tail are the Trainer's (zero_stage).
   DdpOptions ddp;
 
   /// Samples each rank takes per optimizer step.

@@ -1,14 +1,17 @@
-// ZeroOptimizer: ZeRO stages 1 and 2 (DeepSpeed's names) over a DistributedDataParallel whose
-// buckets it shards. Each bucket's buffer is padded to a multiple of the world size N and rank r
-// owns its r-th equal slice (Megatron's distributed optimizer shards per bucket the same way): the
-// optimizer keeps state only for the owned slices (views of the parameters' own elements); after
-// its step every bucket's parameters are all-gathered through a buffer of one bucket. At stage 1 DDP all-reduces as usual and the owned slices are read out
-// of the averaged buckets; at stage 2 DDP reduce-scatters each bucket during backward and keeps
-// only the owned slice of the gradient (DdpOptions::zero_stage).
+// ZeRO (DeepSpeed's names), all of it: the gradient reductions that shard DDP's buckets and the
+// optimizer that steps only this rank's shard.
+//
+// Each bucket's buffer is padded to a multiple of the world size N and rank r owns its r-th equal
+// slice (Megatron's distributed optimizer shards per bucket the same way). ZeroOptimizer keeps
+// optimizer state only for the owned slices (views of the parameters' own elements); after its step
+// every bucket's parameters are all-gathered through a buffer of one bucket. Stage 1: DDP
+// all-reduces as usual (zero_reduction(1)) and the owned slices are read out of the averaged
+// buckets. Stage 2: DDP reduce-scatters each bucket during backward (zero_reduction(2)) and keeps
+// only the owned slice of the gradient.
 //
 // Use from a plain loop, as the DDP wrapper (the Trainer does the same for `--zero-stage`):
 //   DdpOptions o;
-//   o.zero_stage = 2;
+//   o.reduction = zero_reduction(2);
 //   DistributedDataParallel ddp(model, pg, o);
 //   auto adamw = std::make_shared<mpiddp::FusedAdamW>(model->parameters(), options);
 //   ZeroOptimizer zero(ddp, *adamw);   // adamw keeps the hyperparameters, zero the state
@@ -18,34 +21,44 @@
 //   ddp.zero_grad();
 //
 // The parameters must be contiguous and stay where they are (do not move the model to another
-// device after making it: the views would go stale). Hyperparameters are read from the given optimizer's groups
-// at every step (a learning-rate schedule sets them there, as before). Its state is sliced once
-// when it is made (a resumed snapshot) and gathered back into it for a snapshot (gather_state).
+// device after making it: the views would go stale). Hyperparameters are read from the given
+// optimizer's groups at every step (a learning-rate schedule sets them there). Its state is sliced
+// once when it is made (a resumed snapshot) and gathered back into it for a snapshot (gather_state).
 //
 // Cross-rank contract: every rank makes it, steps it, clips and gathers with it at the same
 // points, after the same reducing backward; each of those calls is collective.
 #pragma once
 
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/reduction.hpp>
 
 #include <torch/torch.h>
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace mpiddp {
 
+/// The highest ZeRO stage mpiddp implements.
+constexpr int kMaxZeroStage = 2;
+/// The one rule for a ZeRO stage's range; the message names the field as `name`.
+void check_zero_stage(int stage, const std::string& name);
+/// The gradient reduction of ZeRO stage `stage` (0: DDP's all_reduce), `wire` as all_reduce()'s.
+std::shared_ptr<GradientReduction> zero_reduction(int stage, std::optional<c10::ScalarType> wire = std::nullopt);
+
 class ZeroOptimizer {
  public:
   /// Shards `optimizer`'s state: SGD, Adam and AdamW (and mpiddp's FusedAdam/FusedAdamW, still
-  /// fused), else mpiddp::Error. Every tensor it optimizes must be one `ddp` reduces. Collective
+  /// fused), else mpiddp::Error; `ddp` must reduce with zero_reduction(1 or 2). Every tensor it optimizes must be one `ddp` reduces. Collective
   /// only through what `ddp` is (no communication here).
   ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer);
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  int stage() const { return ddp_.zero_stage(); }
+  int stage() const { return ddp_.reduction().zero_stage(); }
   /// This rank's slices of the parameters, each a view of a parameter's elements whose .grad is
   /// the same elements of the averaged gradient (for unscaling and checks: GradScaler::unscale).
   const std::vector<torch::Tensor>& shards() const { return shards_; }

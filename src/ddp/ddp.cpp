@@ -53,12 +53,11 @@ struct DistributedDataParallel::GradientReady : torch::autograd::FunctionPostHoo
 
 struct DistributedDataParallel::Bucket {
   BucketLayout layout;
-  torch::Tensor flat;       ///< gradients of this bucket, in layout order (stage 2: while reduced)
-  torch::Tensor wire;       ///< compressed copy on the wire (or undefined)
-  bool scatter = false;     ///< ZeRO stage 2: reduce-scattered into `shard`
-  torch::Tensor shard;      ///< stage 2: this rank's slice of the averaged gradients
-  torch::Tensor shard_wire; ///< stage 2 and compressed: the slice as it comes off the wire
-  torch::Tensor ranks;      ///< the world size as a 0-dim tensor of the bucket's dtype and device
+  GradientReduction* reduction = nullptr;  ///< reduction_, or tail_reduction_ for a lone mean tail
+  size_t index = 0;         ///< the bucket's index in its reduction
+  bool keeps_buffer = true; ///< reduction->keeps_buffer()
+  torch::TensorOptions options;
+  torch::Tensor flat;       ///< gradients of this bucket, in layout order (transient: while reduced)
   std::vector<bool> ready;  ///< per slot: gradient copied in this step
   size_t pending = 0;       ///< slots still missing
   WorkHandle work;
@@ -123,13 +122,12 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
     if (const char* env = std::getenv("MPIDDP_TIMELINE")) options_.timeline_path = env;
   }
   timeline_ = std::make_unique<Timeline>(options_.timeline_path, pg_.rank());
-  if (options_.compression) {
-    const auto c = *options_.compression;
-    MPIDDP_CHECK(c == c10::kBFloat16 || c == c10::kHalf,
-                 "gradient compression takes bfloat16 or float16, not " + dtype_name(c));
-  }
-  MPIDDP_CHECK(options_.extra_values >= 0 && options_.extra_values <= (int64_t{1} << 20),
-               "DdpOptions::extra_values must be in [0, 2^20], got " + std::to_string(options_.extra_values));
+  MPIDDP_CHECK(!(options_.reduction && options_.compression),
+               "DdpOptions::compression goes with the default reduction; a reduction given in DdpOptions::reduction "
+               "takes its wire dtype itself");
+  reduction_ = options_.reduction ? options_.reduction : all_reduce(options_.compression);
+  MPIDDP_CHECK(options_.mean_tail_values >= 0 && options_.mean_tail_values <= (int64_t{1} << 20),
+               "DdpOptions::mean_tail_values must be in [0, 2^20], got " + std::to_string(options_.mean_tail_values));
 
   verify_same_model();
   {
@@ -141,74 +139,83 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
     all.insert(all.end(), buffers_.begin(), buffers_.end());
     broadcast_tensors(all);
   }
+  make_buckets();
+  add_mean_tail(parameters);
+  make_gradient_views();
+  add_gradient_hooks();
+}
 
+void DistributedDataParallel::make_buckets() {
   std::vector<int64_t> numels;
   std::vector<c10::ScalarType> dtypes;
   for (const auto& p : params_) {
     numels.push_back(p.numel());
     dtypes.push_back(p.scalar_type());
   }
-  MPIDDP_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
-               "ZeRO stage must be 0, 1 or 2, got " + std::to_string(options_.zero_stage));
   layouts_ = assign_buckets(numels, dtypes, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes);
-  const int64_t ranks = pg_.size();
-  for (auto& l : layouts_) l.padded = options_.zero_stage > 0 ? (l.numel + ranks - 1) / ranks * ranks : l.numel;
+  std::vector<torch::TensorOptions> options;
+  for (auto& l : layouts_) {
+    l.padded = reduction_->padded(l.numel, pg_.size());
+    options.push_back(params_[l.params[0]].options());
+  }
+  reduction_->attach(layouts_, options, pg_);
   where_.resize(params_.size());
   for (size_t b = 0; b < layouts_.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();
     bucket->layout = layouts_[b];
-    const auto options = params_[layouts_[b].params[0]].options();
-    bucket->scatter = options_.zero_stage == 2;
-    if (bucket->scatter) {
-      bucket->shard = torch::zeros({layouts_[b].padded / ranks}, options);
-    } else {
-      bucket->flat = torch::zeros({layouts_[b].padded}, options);
-    }
+    bucket->reduction = reduction_.get();
+    bucket->index = b;
+    bucket->keeps_buffer = reduction_->keeps_buffer();
+    bucket->options = options[b];
+    if (bucket->keeps_buffer) bucket->flat = torch::zeros({layouts_[b].padded}, options[b]);
     bucket->ready.assign(layouts_[b].params.size(), false);
     bucket->pending = layouts_[b].params.size();
     for (size_t s = 0; s < layouts_[b].params.size(); ++s) where_[layouts_[b].params[s]] = {b, s};
     buckets_.push_back(std::move(bucket));
   }
-  if (options_.extra_values > 0) {
-    // The extra values follow the gradients of the bucket launched last; with no trainable
-    // parameter, or at stage 2 (its buckets are reduce-scattered), they are an all-reduced bucket
-    // of their own (no slots: launched after the others), on the model's device.
-    if (buckets_.empty() || options_.zero_stage == 2) {
-      auto bucket = std::make_unique<Bucket>();
-      c10::Device device(c10::kCPU);
-      if (!parameters.empty()) device = parameters.front().second.device();
-      else if (!buffers_.empty()) device = buffers_.front().device();
-      bucket->flat = torch::zeros({0}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-      buckets_.push_back(std::move(bucket));
-    }
-    auto& flat = buckets_.back()->flat;
-    flat = torch::cat({flat, torch::zeros({options_.extra_values}, flat.options())});
-    extras_ = flat.narrow(0, buckets_.back()->layout.padded, options_.extra_values);
+}
+
+void DistributedDataParallel::add_mean_tail(const std::vector<std::pair<std::string, torch::Tensor>>& parameters) {
+  if (options_.mean_tail_values == 0) return;
+  // The tail follows the gradients of the bucket launched last when the reduction averages whole
+  // buffers; with no trainable parameter, or buffers that do not outlive the step, it is an
+  // all-reduced bucket of its own (no slots: launched after the others), on the model's device.
+  if (buckets_.empty() || !buckets_.back()->keeps_buffer) {
+    c10::Device device(c10::kCPU);
+    if (!parameters.empty()) device = parameters.front().second.device();
+    else if (!buffers_.empty()) device = buffers_.front().device();
+    auto bucket = std::make_unique<Bucket>();
+    bucket->options = torch::TensorOptions().dtype(torch::kFloat).device(device);
+    tail_reduction_ = all_reduce();
+    tail_reduction_->attach({bucket->layout}, {bucket->options}, pg_);
+    bucket->reduction = tail_reduction_.get();
+    bucket->flat = torch::zeros({0}, bucket->options);
+    buckets_.push_back(std::move(bucket));
   }
-  if (pg_.size() > 1) {
-    for (auto& b : buckets_) {  // float16/bfloat16 buckets keep the Scalar (computed in float32)
-      const auto& averaged = b->scatter ? b->shard : b->flat;
-      const auto t = averaged.scalar_type();
-      if (t == torch::kFloat || t == torch::kDouble) b->ranks = torch::scalar_tensor(pg_.size(), averaged.options());
-    }
-  }
+  auto& flat = buckets_.back()->flat;
+  flat = torch::cat({flat, torch::zeros({options_.mean_tail_values}, flat.options())});
+  mean_tail_ = flat.narrow(0, buckets_.back()->layout.padded, options_.mean_tail_values);
+}
+
+void DistributedDataParallel::make_gradient_views() {
   // Each parameter's gradient, as an alias of its place in its bucket: after the first step .grad is
   // this view, so the averaged bucket is the gradient (no copy back) and the optimizer reads it
-  // in place (PyTorch DDP's gradient_as_bucket_view). Not at stage 2: the buffer is transient.
+  // in place (PyTorch DDP's gradient_as_bucket_view). Not for transient buffers.
   views_.resize(params_.size());
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const auto [b, s] = where_[i];
-      if (buckets_[b]->scatter) continue;
-      // set_() onto the bucket's storage, not narrow().view(): autograd would record a view, and
-      // libtorch 1.13's Optimizer::zero_grad() refuses to detach_() one.
-      // No strides given: contiguous.
-      const auto& flat = buckets_[b]->flat;
-      views_[i] = torch::empty({0}, flat.options())
-                      .set_(flat.storage(), flat.storage_offset() + layouts_[b].offsets[s], params_[i].sizes());
-    }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto [b, s] = where_[i];
+    if (!buckets_[b]->keeps_buffer) continue;
+    // set_() onto the bucket's storage, not narrow().view(): autograd would record a view, and
+    // libtorch 1.13's Optimizer::zero_grad() refuses to detach_() one.
+    // No strides given: contiguous.
+    const auto& flat = buckets_[b]->flat;
+    views_[i] = torch::empty({0}, flat.options())
+                    .set_(flat.storage(), flat.storage_offset() + layouts_[b].offsets[s], params_[i].sizes());
   }
+}
+
+void DistributedDataParallel::add_gradient_hooks() {
   // A post-hook on each parameter's AccumulateGrad node (as PyTorch's reducer): it runs once the
   // gradient is in .grad, which after the first step is the bucket itself. The accumulators are
   // held here: autograd keeps only a weak reference, and a new one would come without the hook.
@@ -358,40 +365,30 @@ void DistributedDataParallel::reset_buckets() {
     std::fill(b->ready.begin(), b->ready.end(), false);
     b->pending = b->ready.size();
     b->work.reset();
-    b->wire = torch::Tensor();
     b->completed = {};
-    if (b->scatter) {  // stage 2: only the shard outlives the reduction
-      b->flat = torch::Tensor();
-      b->shard_wire = torch::Tensor();
-    }
+    b->reduction->release(b->index);
+    if (!b->keeps_buffer) b->flat = torch::Tensor();  // only what the reduction keeps outlives it
   }
   next_to_launch_ = 0;
 }
 
-torch::Tensor& DistributedDataParallel::scatter_buffer(Bucket& b) {
-  if (!b.flat.defined()) b.flat = torch::zeros({b.layout.padded}, b.shard.options());
+torch::Tensor& DistributedDataParallel::buffer(Bucket& b) {
+  if (!b.flat.defined()) b.flat = torch::zeros({b.layout.padded}, b.options);
   return b.flat;
 }
 
-torch::Tensor DistributedDataParallel::bucket_gradients(size_t b) const {
-  MPIDDP_CHECK(b < layouts_.size() && !buckets_[b]->scatter,
-               "bucket_gradients: no bucket " + std::to_string(b) + " held whole (ZeRO stage 2 keeps grad_shard())");
-  return buckets_[b]->flat;
-}
-
-torch::Tensor DistributedDataParallel::grad_shard(size_t b) const {
-  MPIDDP_CHECK(b < layouts_.size() && buckets_[b]->scatter,
-               "grad_shard: no bucket " + std::to_string(b) + " reduce-scattered (ZeRO stage 2 only)");
-  return buckets_[b]->shard;
+torch::Tensor DistributedDataParallel::owned_gradient(size_t b) const {
+  MPIDDP_CHECK(b < layouts_.size(), "owned_gradient: no bucket " + std::to_string(b));
+  return reduction_->owned_gradient(b, buckets_[b]->flat);
 }
 
 void DistributedDataParallel::adopt_gradient(size_t param) {
   auto& g = params_[param].mutable_grad();
   const auto [b, s] = where_[param];
-  if (buckets_[b]->scatter) {
-    // Stage 2: the gradient (or zeros) goes into the bucket's buffer, and .grad is released.
+  if (!buckets_[b]->keeps_buffer) {
+    // A transient buffer: the gradient (or zeros) goes into it, and .grad is released.
     torch::NoGradGuard no_grad;
-    auto& flat = scatter_buffer(*buckets_[b]);
+    auto& flat = buffer(*buckets_[b]);
     if (g.defined()) flat.narrow(0, layouts_[b].offsets[s], g.numel()).view(g.sizes()).copy_(g);
     g = torch::Tensor();
     return;
@@ -414,7 +411,7 @@ void DistributedDataParallel::zero_grad() {
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& g = params_[i].mutable_grad();
-    if (g.defined()) g = views_[i];  // stage 2: undefined, which releases what no_sync accumulated
+    if (g.defined()) g = views_[i];  // transient buffers: undefined, which releases what no_sync accumulated
   }
 }
 
@@ -425,30 +422,14 @@ void DistributedDataParallel::poll_launched() {
     Bucket& b = *buckets_[k];
     if (b.completed == Timeline::Clock::time_point{} && b.work && b.work->test()) {
       b.completed = Timeline::Clock::now();
-      if (b.scatter) drop_scatter_buffer(b);  // the slice is in the shard: the buffer goes now
+      sent(b);
     }
   }
 }
 
 void DistributedDataParallel::launch(Bucket& b) {
   b.launched = Timeline::Clock::now();
-  if (b.scatter) {
-    auto& flat = scatter_buffer(b);  // allocated here when none of its parameters had a gradient
-    if (options_.compression) {
-      b.wire = flat.to(*options_.compression);
-      b.shard_wire = torch::empty({b.shard.numel()}, b.wire.options());
-      b.work = pg_.reduce_scatter_async(b.wire, b.shard_wire, ReduceOp::kSum);
-    } else {
-      b.work = pg_.reduce_scatter_async(flat, b.shard, ReduceOp::kSum);
-    }
-    return;
-  }
-  if (options_.compression) {
-    b.wire = b.flat.to(*options_.compression);
-    b.work = pg_.allreduce_async(b.wire, b.wire, ReduceOp::kSum);
-  } else {
-    b.work = pg_.allreduce_async(b.flat, b.flat, ReduceOp::kSum);
-  }
+  b.work = b.reduction->launch(b.index, buffer(b));  // a transient buffer is made here when no gradient came
 }
 
 void DistributedDataParallel::launch_ready_buckets(bool at_end) {
@@ -472,29 +453,31 @@ void DistributedDataParallel::launch_ready_buckets(bool at_end) {
     }
     launch(b);
     ++next_to_launch_;
-    if (b.scatter) bound_scatter_buffers();
+    if (!b.keeps_buffer) bound_transient_buffers();
   }
 }
 
-void DistributedDataParallel::bound_scatter_buffers() {
-  // Stage 2: at most kScatterBuffersInFlight launched buckets keep their buffers; an older one is
+void DistributedDataParallel::bound_transient_buffers() {
+  // At most kTransientBuffersInFlight launched buckets keep their transient buffers; an older one is
   // waited for and dropped, so the whole gradient never exists at once (MPI's non-blocking
   // collectives move only when polled, and late buckets see few gradient hooks to poll them).
-  constexpr size_t kScatterBuffersInFlight = 2;
+  constexpr size_t kTransientBuffersInFlight = 2;
   size_t live = 0;
   for (size_t k = next_to_launch_; k-- > 0;) {
     Bucket& b = *buckets_[k];
-    if (!b.scatter || !b.flat.defined() || ++live <= kScatterBuffersInFlight) continue;
+    if (b.keeps_buffer || !b.flat.defined() || ++live <= kTransientBuffersInFlight) continue;
     b.work->wait();
     if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
-    drop_scatter_buffer(b);
+    sent(b);
   }
 }
 
-void DistributedDataParallel::drop_scatter_buffer(Bucket& b) {
-  // The collective's handle holds its tensors too: it goes with them (a finished one has nothing
-  // left to wait for).
-  b.flat = b.wire = torch::Tensor();
+void DistributedDataParallel::sent(Bucket& b) {
+  b.reduction->sent(b.index);
+  if (b.keeps_buffer) return;
+  // The collective's handle holds its tensors too: it goes with the buffer (a finished one has
+  // nothing left to wait for).
+  b.flat = torch::Tensor();
   b.work.reset();
 }
 
@@ -533,23 +516,14 @@ void DistributedDataParallel::finish_reduction() {
     launch_ready_buckets(true);
     for (size_t k = 0; k < buckets_.size(); ++k) {
       Bucket& b = *buckets_[k];
-      if (b.work) b.work->wait();  // stage 2: none once its buffer was dropped
+      if (b.work) b.work->wait();  // none once a transient buffer was dropped with it
       if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
-      if (b.scatter) drop_scatter_buffer(b);
       if (timeline_->enabled()) {
-        timeline_->span((b.scatter ? "reduce-scatter bucket " : "allreduce bucket ") + std::to_string(k), "comm",
-                        b.launched, b.completed);
+        timeline_->span(b.reduction->name() + " bucket " + std::to_string(k), "comm", b.launched, b.completed);
       }
-      // Each .grad is its view of the bucket (stage 2: the shard is what is kept): it now holds
-      // the average. The divisor is a tensor of the bucket's own dtype: a Scalar would be wrapped
-      // and cast on every call.
-      auto& summed = b.scatter ? b.shard : b.flat;
-      if (options_.compression) summed.copy_(b.scatter ? b.shard_wire : b.wire);
-      if (b.ranks.defined()) {
-        summed.div_(b.ranks);
-      } else if (pg_.size() > 1) {
-        summed.div_(static_cast<double>(pg_.size()));
-      }
+      // Each .grad is its view of the bucket (or the reduction keeps this rank's slice): it now
+      // holds the average.
+      b.reduction->finish(b.index, b.flat);
     }
   } catch (...) {
     reset_buckets();  // a failed or timed-out collective: the error goes out of backward, DDP stays usable

@@ -126,7 +126,7 @@ namespace {
 
 // Open MPI's non-blocking allreduce (libnbc) picks an algorithm that reaches ~0.6-0.75x of the
 // blocking MPI_Allreduce for 256 KiB-16 MiB; its ring is as fast or faster at every size measured
-// (docs/PERFORMANCE.md). Applied before MPI_Init, only where the user has not chosen.
+// (docs/performance.md#communication-vs-raw-mpi). Applied before MPI_Init, only where the user has not chosen.
 void tune_mpi_defaults() {
 #if defined(OPEN_MPI) && OPEN_MPI
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);

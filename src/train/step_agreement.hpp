@@ -4,7 +4,8 @@
 //
 // Cross-rank contract: every rank posts before the step's gradient reduction and settles after it.
 // The flags ride in `slots`, values that the step's gradient collective all-reduces as a mean
-// (DDP's last bucket: DdpOptions::extra_values), so the agreement costs no collective of its own.
+// (DdpOptions::mean_tail_values: at the end of DDP's last bucket, or alone after the buckets when
+// they are reduce-scattered), so under DDP the agreement costs no collective of its own.
 // Only when a flag is set, on every rank alike, does settle() run a second all-reduce (max) that
 // names the signal and the highest rank with a bad loss. fp16 overflow has its own verdict, in the
 // update (GradScaler::unscale).

@@ -12,6 +12,7 @@
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
+#include <mpiddp/zero.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -268,10 +269,11 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   RunPosition p = restore(note, &result.resumed_from).value_or(RunPosition{});
   const RunPlan plan(o.epochs, steps_per_epoch_, o.max_steps);
   DdpOptions ddp_options = o.ddp;
-  ddp_options.extra_values = detail::StepAgreement::kSlots;  // the agreement rides in the last bucket
-  ddp_options.zero_stage = o.zero_stage;
+  ddp_options.mean_tail_values = detail::StepAgreement::kSlots;  // the agreement rides with the gradients
+  ddp_options.reduction = zero_reduction(o.zero_stage, o.ddp.compression);
+  ddp_options.compression.reset();  // the reduction's now
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options);
-  detail::StepAgreement agreement(ddp.extras(), pg_);
+  detail::StepAgreement agreement(ddp.mean_tail(), pg_);
   detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp);
   detail::ProgressLog progress(*logs_, o, runtime_, plan, p, train_->info().block_size, on_note);
   detail::BatchSource batches(*train_, o, runtime_, plan, p, read_ahead);

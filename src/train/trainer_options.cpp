@@ -3,6 +3,7 @@
 // here only.
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
+#include <mpiddp/zero.hpp>
 
 #include <cmath>
 #include <filesystem>
@@ -15,9 +16,10 @@ void TrainerOptions::validate(const std::function<std::string(const std::string&
   MPIDDP_CHECK(epochs > 0, n("epochs") + " must be > 0, got " + std::to_string(epochs));
   MPIDDP_CHECK(batch_size > 0, n("batch_size") + " must be > 0, got " + std::to_string(batch_size));
   MPIDDP_CHECK(grad_accum > 0, n("grad_accum") + " must be > 0 (1: no accumulation), got " + std::to_string(grad_accum));
-  MPIDDP_CHECK(zero_stage >= 0 && zero_stage <= 2,
-               n("zero_stage") + " must be 0 (DDP), 1 (optimizer state sharded) or 2 (and gradients), got " +
-                   std::to_string(zero_stage));
+  check_zero_stage(zero_stage, n("zero_stage"));
+  // The Trainer reduces by zero_stage and carries its step agreement in the mean tail: one owner each.
+  MPIDDP_CHECK(!ddp.reduction, n("ddp.reduction") + " is the Trainer's to choose: set " + n("zero_stage"));
+  MPIDDP_CHECK(ddp.mean_tail_values == 0, n("ddp.mean_tail_values") + " is the Trainer's (its step agreement)");
   MPIDDP_CHECK(data_format == "auto" || data_format == "hdf5" || data_format == "llmc" || data_format == "raw-uint16",
                "unknown " + n("data_format") + " '" + data_format + "' (auto, hdf5, llmc, raw-uint16)");
   MPIDDP_CHECK(block_size >= 0, n("block_size") + " must be >= 0, got " + std::to_string(block_size));

@@ -5,7 +5,7 @@ namespace mpiddp::detail {
 Update::Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
                ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp)
     : optimizer_(optimizer), params_(std::move(params)), clip_grad_norm_(options.clip_grad_norm), pg_(pg) {
-  if (options.zero_stage > 0) zero_ = std::make_unique<ZeroOptimizer>(ddp, optimizer);
+  if (ddp.reduction().zero_stage() > 0) zero_ = std::make_unique<ZeroOptimizer>(ddp, optimizer);
   if (options.precision == c10::kHalf) {  // dynamic loss scaling, continued from the snapshot
     scaler_.emplace(options.device, options.loss_scaling);
     if (from.loss_scale > 0) scaler_->load(from.loss_scale, from.growth_tracker);

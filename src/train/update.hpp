@@ -1,4 +1,4 @@
-// Update: what a step does with the gradients its reduction left. DDP's (zero_stage 0): every rank
+// Update: what a step does with the gradients its reduction left. DDP's (ZeRO stage 0): every rank
 // holds the averaged gradients, unscales them (fp16: an Inf/NaN on any rank skips the step
 // everywhere, GradScaler's verdict), clips them to the global norm and steps the optimizer on every
 // parameter. ZeRO's (stages 1, 2: a ZeroOptimizer): the same on this rank's shards, the norm and
@@ -27,7 +27,7 @@ class Update {
  public:
   /// `params`: what clipping and unscaling see (the trainable parameters). The fp16 scaler
   /// continues from `from` (a snapshot's state) when it holds one. Under ZeRO the optimizer is
-  /// sharded over `ddp` (made with options.zero_stage), taking the state a resume put in it.
+  /// sharded over `ddp` (its reduction says the stage), taking the state a resume put in it.
   Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
          ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp);
 

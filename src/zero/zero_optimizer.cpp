@@ -43,8 +43,8 @@ std::unique_ptr<torch::optim::Optimizer> same_kind_over(const torch::optim::Opti
 
 ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer)
     : ddp_(ddp), pg_(ddp.process_group()), outer_(optimizer) {
-  MPIDDP_CHECK(ddp.zero_stage() == 1 || ddp.zero_stage() == 2,
-               "ZeroOptimizer needs a DistributedDataParallel made with DdpOptions::zero_stage 1 or 2");
+  MPIDDP_CHECK(stage() >= 1, "ZeroOptimizer needs a DistributedDataParallel that reduces with zero_reduction(1 or 2) "
+                             "(DdpOptions::reduction)");
   MPIDDP_CHECK(optimizer_kind_of(optimizer) != OptimizerKind::kOther, kUnshardable);
   const auto& params = ddp.parameters();
   std::map<const void*, size_t> index;
@@ -74,9 +74,7 @@ ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimiz
   }
   for (const auto& piece : pieces_) {
     auto shard = params[piece.param].detach().view(-1).narrow(0, piece.in_param, piece.numel);
-    shard.mutable_grad() =
-        stage() == 1 ? ddp.bucket_gradients(piece.bucket).narrow(0, piece.in_bucket, piece.numel)
-                     : ddp.grad_shard(piece.bucket).narrow(0, piece.in_bucket - slice_begin(piece.bucket), piece.numel);
+    shard.mutable_grad() = ddp.owned_gradient(piece.bucket).narrow(0, piece.in_bucket - slice_begin(piece.bucket), piece.numel);
     shards_.push_back(shard);
   }
 

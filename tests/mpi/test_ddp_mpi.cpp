@@ -1,6 +1,7 @@
 // The proof: K optimizer steps with N ranks x batch B give the parameters of 1 process x batch
 // N*B (float32, max relative error <= 1e-5), for N = 1..4, on several models and options.
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/zero.hpp>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -396,30 +397,32 @@ TEST(Ddp, FrozenParametersSkippedConsistently) {
   MPIDDP_EXPECT_ALL(err <= 1e-5);
 }
 
-TEST(Ddp, ExtraValuesRideInTheLastBucket) {
-  // DdpOptions::extra_values: after a reducing backward the extras hold the mean over the ranks
+TEST(Ddp, MeanTailRidesWithTheGradients) {
+  // DdpOptions::mean_tail_values: after a reducing backward the extras hold the mean over the ranks
   // of what each rank wrote (reference: a direct MPI_Allreduce of the same values), the
   // gradients are untouched by them (the DDP run still matches one process), with several
-  // buckets, one, compressed on the wire, and with no trainable parameter at all.
+  // buckets, one, compressed on the wire, with no trainable parameter at all, and beside ZeRO-2's
+  // reduce-scattered buckets.
   for (const auto& backend : mpiddp::available_backends()) {
     if (backend == "nccl") continue;  // CUDA: tests run on the GPU machine
-    for (int variant = 0; variant < 4; ++variant) {
+    for (int variant = 0; variant < 5; ++variant) {
       auto& pg = group(backend);
       const int r = pg.rank(), n = pg.size();
       if (variant == 2 && !pg.supports(mpiddp::Collective::kAllreduce, c10::kBFloat16, mpiddp::ReduceOp::kSum)) {
         continue;  // this gloo has no bfloat16 (refusals are tested in test_comm_mpi)
       }
       mpiddp::DdpOptions o;
-      o.extra_values = 3;
+      o.mean_tail_values = 3;
       if (variant == 0) o.bucket_cap_bytes = o.first_bucket_cap_bytes = 256;  // several buckets
       if (variant == 2) o.compression = c10::kBFloat16;
+      if (variant == 4) o.reduction = mpiddp::zero_reduction(2);  // reduce-scattered buckets: the tail travels alone
       torch::manual_seed(7);
       Mlp model(32, false, /*freeze_first=*/false);
       if (variant == 3) {
         for (auto& p : model->parameters()) p.set_requires_grad(false);
       }
       mpiddp::DistributedDataParallel ddp(model.ptr(), pg, o);
-      const bool ok_shape = ddp.extras().defined() && ddp.extras().numel() == 3;
+      const bool ok_shape = ddp.mean_tail().defined() && ddp.mean_tail().numel() == 3;
       MPIDDP_EXPECT_ALL(ok_shape);
       if (!ok_shape) continue;
       for (int step = 0; step < 3; ++step) {
@@ -428,33 +431,33 @@ TEST(Ddp, ExtraValuesRideInTheLastBucket) {
                                          0.5F * static_cast<float>(r == 0)};
         std::vector<float> sum(3);
         MPI_Allreduce(mine.data(), sum.data(), 3, MPI_FLOAT, MPI_SUM, runtime().world());
-        ddp.extras().copy_(torch::tensor(mine));
+        ddp.mean_tail().copy_(torch::tensor(mine));
         if (variant == 3) {
           ddp.finish_backward();  // no parameter to take a gradient: the extras travel alone
         } else {
           const Batch b = shard(global_batch(step, kBatch * n, false), r, kBatch);
           ddp.backward(loss_of(model, b, false));
         }
-        auto got = ddp.extras().to(torch::kFloat).contiguous();
+        auto got = ddp.mean_tail().to(torch::kFloat).contiguous();
         bool same = true;
         for (int i = 0; i < 3; ++i) same = same && got[i].item<float>() == sum[i] / static_cast<float>(n);
         EXPECT_TRUE(same) << backend << " variant " << variant << " step " << step << ": " << got;
         MPIDDP_EXPECT_ALL(same);
         ddp.zero_grad();
-        MPIDDP_EXPECT_ALL(ddp.extras().abs().sum().item<double>() == 0);
+        MPIDDP_EXPECT_ALL(ddp.mean_tail().abs().sum().item<double>() == 0);
       }
     }
   }
   // The gradients themselves are still the single-process ones with extras beside them.
   RunSpec spec;
-  spec.ddp.extra_values = 2;
+  spec.ddp.mean_tail_values = 2;
   spec.ddp.bucket_cap_bytes = spec.ddp.first_bucket_cap_bytes = 256;
   const double err = ddp_vs_single(spec, [] { return Mlp(); });
   EXPECT_LE(err, 1e-5);
   MPIDDP_EXPECT_ALL(err <= 1e-5);
   // A negative count is refused on every rank, before any collective.
   mpiddp::DdpOptions bad;
-  bad.extra_values = -1;
+  bad.mean_tail_values = -1;
   torch::manual_seed(7);
   Mlp m;
   std::string what;
@@ -463,7 +466,7 @@ TEST(Ddp, ExtraValuesRideInTheLastBucket) {
   } catch (const mpiddp::Error& e) {
     what = e.what();
   }
-  MPIDDP_EXPECT_ALL(what.find("extra_values must be in [0, 2^20], got -1") != std::string::npos);
+  MPIDDP_EXPECT_ALL(what.find("mean_tail_values must be in [0, 2^20], got -1") != std::string::npos);
 }
 
 TEST(Ddp, EveryBucketCapGivesTheSameParameters) {

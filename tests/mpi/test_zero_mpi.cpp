@@ -3,7 +3,7 @@
 // SGD+momentum, Adam and AdamW (nanoGPT's decay groups), clipping to the global norm, gradient
 // accumulation and small buckets whose shards cut parameters apart; the shards cover every element
 // once; the gathered optimizer state is DDP's, and a ZeroOptimizer made from it continues the run.
-// On a GPU (bench/gpu.sh): the same equalities with everything on CUDA, and the GPT trained on CUDA
+// On a GPU (scripts/gpu.sh): the same equalities with everything on CUDA, and the GPT trained on CUDA
 // under stage 2 following the CPU run of stage 0.
 #include <mpiddp/compat.hpp>
 #include <mpiddp/ddp.hpp>
@@ -146,9 +146,8 @@ Training start(const Case& c, const Spec& s) {
   r.model = c.make();
   r.model->to(s.device);
   mpiddp::DdpOptions d;
-  d.zero_stage = s.stage;
+  d.reduction = mpiddp::zero_reduction(s.stage, s.compression);
   d.bucket_cap_bytes = d.first_bucket_cap_bytes = s.bucket_cap;
-  d.compression = s.compression;
   r.ddp = std::make_unique<mpiddp::DistributedDataParallel>(r.model, mpiddp::testing::checked_group(s.backend), d);
   r.optimizer = make_optimizer(s.optimizer, *r.model);
   if (s.stage > 0) r.zero = std::make_unique<mpiddp::ZeroOptimizer>(*r.ddp, *r.optimizer);
@@ -221,7 +220,7 @@ TEST(Zero, MlpClippedAccumulatedSmallBucketsEqualsDdp) {
 
 TEST(Zero, EveryBackendAndCompressedGradientsEqualDdp) {
   for (const auto& backend : mpiddp::available_backends()) {
-    if (backend == "nccl") continue;  // CPU tensors here; bench/gpu.sh runs the GPU's
+    if (backend == "nccl") continue;  // CPU tensors here; scripts/gpu.sh runs the GPU's
     for (int stage : {1, 2}) {
       Spec s;
       s.stage = stage;
@@ -344,7 +343,7 @@ TEST(Zero, GatheredStateIsDdpsAndResumes) {
 TEST(Zero, RefusesWhatItCannotShard) {
   Spec s;
   Training plain = start(mlp(), s);  // stage 0
-  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::ZeroOptimizer z(*plain.ddp, *plain.optimizer); }).find("zero_stage 1 or 2") !=
+  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::ZeroOptimizer z(*plain.ddp, *plain.optimizer); }).find("zero_reduction(1 or 2)") !=
                     std::string::npos);
   s.stage = 2;
   Training r = start(mlp(), s);

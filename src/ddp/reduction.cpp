@@ -1,0 +1,72 @@
+// DDP's all-reduce, plain or compressed on the wire (the GradientReduction strategy, reduction.hpp).
+#include <mpiddp/error.hpp>
+#include <mpiddp/reduction.hpp>
+
+#include "ddp/averaging.hpp"
+
+namespace mpiddp {
+
+void check_wire_dtype(c10::ScalarType wire) {
+  MPIDDP_CHECK(wire == c10::kBFloat16 || wire == c10::kHalf,
+               "gradient compression takes bfloat16 or float16, not " + dtype_name(wire));
+}
+
+namespace {
+
+class AllReduce : public GradientReduction {
+ public:
+  AllReduce(std::optional<c10::ScalarType> wire, bool pad_to_ranks) : wire_(wire), pad_to_ranks_(pad_to_ranks) {
+    if (wire_) check_wire_dtype(*wire_);
+  }
+
+  std::string name() const override { return "allreduce"; }
+  int zero_stage() const override { return pad_to_ranks_ ? 1 : 0; }
+  int64_t padded(int64_t numel, int ranks) const override {
+    return pad_to_ranks_ ? detail::round_up(numel, ranks) : numel;
+  }
+
+  void attach(const std::vector<BucketLayout>& buckets, const std::vector<torch::TensorOptions>& options,
+              ProcessGroup& pg) override {
+    pg_ = &pg;
+    buckets_ = buckets;
+    divisors_ = detail::divisors(options, pg.size());
+    wires_.assign(options.size(), torch::Tensor());
+  }
+
+  WorkHandle launch(size_t b, const torch::Tensor& buffer) override {
+    if (!wire_) return pg_->allreduce_async(buffer, buffer, ReduceOp::kSum);
+    wires_[b] = buffer.to(*wire_);
+    return pg_->allreduce_async(wires_[b], wires_[b], ReduceOp::kSum);
+  }
+
+  void finish(size_t b, const torch::Tensor& buffer) override {
+    if (wire_) buffer.copy_(wires_[b]);
+    release(b);
+    detail::average(buffer, divisors_[b], pg_->size());
+  }
+
+  void release(size_t b) override {
+    if (b < wires_.size()) wires_[b] = torch::Tensor();
+  }
+
+  torch::Tensor owned_gradient(size_t b, const torch::Tensor& buffer) const override {
+    const int64_t slice = buckets_[b].padded / pg_->size();
+    return buffer.narrow(0, pg_->rank() * slice, slice);
+  }
+
+ private:
+  std::optional<c10::ScalarType> wire_;
+  bool pad_to_ranks_;
+  ProcessGroup* pg_ = nullptr;
+  std::vector<BucketLayout> buckets_;
+  std::vector<torch::Tensor> divisors_;  ///< per bucket (see detail::divisors)
+  std::vector<torch::Tensor> wires_;     ///< per bucket: the compressed copy while it travels
+};
+
+}  // namespace
+
+std::shared_ptr<GradientReduction> all_reduce(std::optional<c10::ScalarType> wire, bool pad_to_ranks) {
+  return std::make_shared<AllReduce>(wire, pad_to_ranks);
+}
+
+}  // namespace mpiddp
