@@ -6,6 +6,7 @@
 // usage: mpiddp_ddp_bench --model cnn|mlp [--steps S per block] [--rounds R] [--warmup W]
 //        [--batch B] [--timeline F] [--bucket-cap-mb M] [--device cpu|cuda] [--backend mpi|nccl|gloo]
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/models.hpp>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -16,23 +17,6 @@
 
 namespace {
 
-// PyTorch's MNIST example network (1.2 M parameters).
-struct MnistNetImpl : torch::nn::Module {
-  MnistNetImpl() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)));
-    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
-    fc1 = register_module("fc1", torch::nn::Linear(9216, 128));
-    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::relu(conv2(torch::relu(conv1(x))));
-    h = torch::max_pool2d(h, 2).flatten(1);
-    return fc2(torch::relu(fc1(h)));
-  }
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(MnistNet);
 
 // An MLP of ~20 M parameters: 784 -> 4096 -> 4096 -> 10.
 struct BigMlpImpl : torch::nn::Module {
@@ -78,7 +62,7 @@ int main(int argc, char** argv) {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   if (model_name == "cnn") {
-    MnistNet m;
+    mpiddp::models::MnistNet m;  // the built-in `--model cnn` (1.2 M parameters)
     module = m.ptr();
     forward = [m](const torch::Tensor& x) mutable { return m->forward(x); };
   } else {

@@ -14,7 +14,7 @@ packages=(
   libgloo-dev                           # headers for libtorch's c10d Gloo backend
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 (datasets, snapshots), h5dump/h5diff
   libboost-program-options-dev          # the CLI (and Boost's headers: Boost.CRC for TensorBoard files)
-  libprotobuf-dev protobuf-compiler     # TensorBoard event files (src/train/tensorboard.proto)
+  libprotobuf-dev protobuf-compiler     # TensorBoard event files (src/log/tensorboard.proto)
   zlib1g-dev                            # gzip'd IDX files
   dataset-fashion-mnist                 # the bundled default data
   nlohmann-json3-dev                    # JSON output (info --json, bench --json, timelines)

@@ -74,7 +74,7 @@ void use_classic_tcp_store(TCPStoreOptions& options) {
 
 /// Whether libtorch declares its fused multi-tensor Adam and AdamW kernels (aten::_fused_adam_,
 /// aten::_fused_adamw_), from the headers that declare them. Which devices they run on is a
-/// question for run time (mpiddp::fused_adam_runs, src/train/optim.cpp).
+/// question for run time (mpiddp::fused_adam_runs, src/optim/optim.cpp).
 #if __has_include(<ATen/ops/_fused_adam.h>)
 #define MPIDDP_HAS_FUSED_ADAM 1
 #else

@@ -23,7 +23,7 @@
 // compressed on the wire, or ZeRO's sharded reductions (zero.hpp).
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/reduction.hpp>
 #include <mpiddp/timeline.hpp>

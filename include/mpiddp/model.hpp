@@ -76,4 +76,8 @@ void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensor
 /// when it is missing or not such a file.
 std::map<std::string, torch::Tensor> read_state_dict(const std::string& path);
 
+/// The model's parameters (for building an optimizer), each tensor once (a tied weight, e.g. the
+/// GPT's lm_head/wte, under its first name only: PyTorch's named_parameters()).
+std::vector<torch::Tensor> parameters(const Model& model);
+
 }  // namespace mpiddp

@@ -7,7 +7,7 @@
 // The Trainer uses both (TrainerOptions::precision); a program with its own loop may too.
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <torch/torch.h>
 

@@ -17,7 +17,7 @@
 // DDP calls launch() for bucket 0, 1, ... in that order on every rank, then finish() for each.
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <torch/torch.h>
 

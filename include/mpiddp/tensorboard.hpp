@@ -1,5 +1,5 @@
 // TensorBoard event files from C++: scalars and text that `tensorboard --logdir DIR` plots, written
-// with Debian's protobuf (the schema is src/train/tensorboard.proto, TensorBoard's own field
+// with Debian's protobuf (the schema is src/log/tensorboard.proto, TensorBoard's own field
 // numbers) in TFRecord framing (length, masked CRC-32C of the length, event, masked CRC-32C of
 // the event; Boost.CRC computes the CRC-32C). The Trainer writes one when
 // TrainerOptions::tensorboard_dir is set; programs may write their own values through it too.

@@ -34,6 +34,7 @@ struct RunPosition;
 struct RunLogs;
 class BatchSource;
 class StepAgreement;
+class Task;
 class Update;
 }  // namespace detail
 
@@ -227,6 +228,7 @@ class Trainer {
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   TrainerOptions options_;
   std::unique_ptr<SampleSet> train_, test_;
+  std::unique_ptr<detail::Task> task_;  ///< what the training set asks of the model
   std::vector<double> base_lrs_;  ///< each parameter group's learning rate when the Trainer was made
   int64_t steps_per_epoch_ = 0;
   std::unique_ptr<detail::RunLogs> logs_;  ///< rank 0's metrics file and TensorBoard writer
@@ -237,8 +239,5 @@ class Trainer {
 /// mpiddp::Error naming the file for a missing or malformed one.
 std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const TrainerOptions& options);
 
-/// The model's parameters (for building an optimizer), each tensor once (a tied weight, e.g. the
-/// GPT's lm_head/wte, under its first name only: PyTorch's named_parameters()).
-std::vector<torch::Tensor> parameters(const Model& model);
 
 }  // namespace mpiddp

@@ -2,7 +2,7 @@
 // pure functions so the unit tests can check it against the formulas.
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,6 @@
 // `mpiddp bench`: nccl-tests' output and formulas with PARAM's conveniences (sizes with K/M/G,
 // JSON and CSV), over any ProcessGroup backend.
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/error.hpp>
 
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 // `mpiddp export`: a snapshot's trained model in a form Python loads in one line: the TorchScript
 // module with its trained weights (torch.jit.load) or a state_dict (torch.load + load_state_dict).
-#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/model.hpp>
 

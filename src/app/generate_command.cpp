@@ -2,7 +2,7 @@
 // generate). The snapshot holds the model's shape (the run's options, "gpt"), so no shape flags.
 // Tokens come out as bytes for a byte vocabulary, as text through an llm.c tokenizer file, else
 // as token ids.
-#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/gpt.hpp>
 #include <mpiddp/model.hpp>

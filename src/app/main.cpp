@@ -1,7 +1,7 @@
 // mpiddp: one executable, several subcommands. MPI is initialised once here; each subcommand
 // receives the Runtime and its own arguments.
 #include <mpiddp/allocator.hpp>
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli.hpp"
-#include "app/models.hpp"
+#include <mpiddp/models.hpp>
 
 namespace mpiddp::app {
 

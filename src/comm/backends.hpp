@@ -2,7 +2,7 @@
 // gloo_backend.cpp). Each is compiled only when its library is found.
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/config.hpp>
 
 #include <memory>

@@ -1,4 +1,4 @@
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 

@@ -9,7 +9,7 @@
 // makes. Not thread-safe: a group's collectives are waited on from one thread.
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <mpi.h>
 

@@ -1,7 +1,7 @@
 // Internal: the Work every backend returns, built on polling with a deadline.
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <chrono>
 #include <exception>

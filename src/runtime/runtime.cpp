@@ -1,7 +1,7 @@
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <unistd.h>
 

@@ -11,7 +11,7 @@
 // update (GradScaler::unscale).
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <torch/types.h>
 

@@ -5,9 +5,10 @@
 //   StepAgreement                   stop signal and non-finite loss: one verdict for all ranks
 //   Update (update.hpp)             fp16 unscale, clipping, the optimizer's step
 //   ProgressLog (progress_log.hpp)  progress lines, metrics JSON, TensorBoard
-//   SnapshotPolicy                  when to write a snapshot (trainer_snapshot.cpp writes it)
-// Option rules are in trainer_options.cpp, schedules and losses in schedule.cpp.
-#include <mpiddp/checkpoint.hpp>
+//   SnapshotPolicy                  when to write a snapshot (snapshot/trainer_snapshot.cpp writes it)
+// Option rules are in trainer_options.cpp, the task in task.cpp, losses in loss.cpp, schedules in
+// lr_schedule.cpp.
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
@@ -22,10 +23,11 @@
 #include "common/host.hpp"
 #include "common/text.hpp"
 #include "train/batch_source.hpp"
-#include "train/progress_log.hpp"
+#include "log/progress_log.hpp"
 #include "train/run_position.hpp"
-#include "train/snapshot_policy.hpp"
+#include "snapshot/snapshot_policy.hpp"
 #include "train/step_agreement.hpp"
+#include "train/task.hpp"
 #include "train/stop_signals.hpp"
 #include "train/update.hpp"
 
@@ -106,7 +108,8 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   train_ = open_sample_set(o.data, o);
   train_->cache(o.cache_bytes);
   const auto& info = train_->info();
-  if (!options_.loss) options_.loss = default_loss(info);
+  task_ = detail::task_of(info);
+  if (!options_.loss) options_.loss = task_->default_loss();
   if (!o.test_data.empty()) {
     test_ = open_sample_set(o.test_data, o);
     test_->cache(o.cache_bytes);
@@ -132,12 +135,11 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
 
 void Trainer::check_model_fits_data() {
   const auto& o = options_;
-  const auto& info = train_->info();
   torch::NoGradGuard no_grad;  // and evaluation mode: no buffer, no RNG changes
   auto probe = train_->read_range(0, std::min<int64_t>(2, train_->size()));
   // Token ids index the model's embedding: the probe uses token 0 alone, which every vocabulary
   // has, and the tokens are checked against the logits' width below.
-  if (info.block_size > 0) probe.inputs = torch::zeros_like(probe.inputs);
+  probe.inputs = task_->probe_inputs(probe.inputs);
   torch::Tensor out;
   struct BackToTraining {
     Model& model;
@@ -157,25 +159,10 @@ void Trainer::check_model_fits_data() {
     MPIDDP_THROW("the model (" + model_->description() + ") fails on inputs of " + shape_text(probe.inputs.sizes()) +
                  ": " + first_line(e.what()));
   }
-  const int64_t n = probe.inputs.size(0);
-  if (info.block_size > 0) {
-    const auto t = std::to_string(info.block_size);
-    MPIDDP_CHECK(out.dim() == 3 && out.size(0) == n && out.size(1) == info.block_size,
-                 "the model's outputs for " + std::to_string(n) + " windows of " + t + " tokens are " +
-                     shape_text(out.sizes()) + "; token data needs logits [" + std::to_string(n) + ", " + t +
-                     ", vocabulary]");
-  } else if (info.classification) {
-    MPIDDP_CHECK(out.dim() == 2 && out.size(0) == n,
-                 "the model's outputs for " + std::to_string(n) + " samples are " + shape_text(out.sizes()) +
-                     "; class labels need [" + std::to_string(n) + ", classes]");
-  }
-  if (info.classification) {  // every label (token) a class of the model's outputs
+  task_->check_outputs(out, probe.targets);
+  if (task_->has_labels()) {  // every label (token) a class of the model's outputs
     train_->check_labels(out.size(-1));
     if (test_) test_->check_labels(out.size(-1));
-  } else {
-    MPIDDP_CHECK(out.sizes() == probe.targets.sizes(),
-                 "the model's outputs for " + std::to_string(n) + " samples are " + shape_text(out.sizes()) +
-                     " but the targets are " + shape_text(probe.targets.sizes()));
   }
 }
 
@@ -233,26 +220,22 @@ std::pair<double, double> Trainer::evaluate() {
   const auto device = options_.device;
   const int64_t n = test_->size(), r = runtime_.rank(), w = runtime_.size();
   const int64_t begin = n * r / w, end = n * (r + 1) / w;
-  // Token windows: every position is a prediction (accuracy: of the next token), and a batch of
-  // windows holds their logits, so it is the training batch's size.
-  const auto& info = train_->info();
-  const int64_t positions = std::max<int64_t>(1, info.block_size);
-  const int64_t batch = info.block_size > 0 ? options_.batch_size : 1000;
+  const int64_t batch = task_->eval_batch(options_.batch_size);
   double loss_sum = 0, correct = 0;
   for (int64_t b = begin; b < end; b += batch) {
     auto e = test_->read_range(b, std::min(batch, end - b));
     auto y = e.targets.to(device);
     const auto [out, loss] = forward_loss(e.inputs.to(device), y);
     loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
-    if (info.classification) correct += out.argmax(-1).eq(y).sum().item<double>();
+    if (task_->has_labels()) correct += task_->correct(out, y);
   }
   auto sums = torch::tensor({loss_sum, correct}, torch::kDouble).to(device);
   pg_.allreduce(sums);
   sums = sums.cpu();
   model_->train(true);
   const double total = static_cast<double>(n);
-  return {sums[0].item<double>() / total,
-          info.classification ? sums[1].item<double>() / (total * static_cast<double>(positions)) : -1.0};
+  const double predictions = total * static_cast<double>(task_->predictions_per_sample());
+  return {sums[0].item<double>() / total, task_->has_labels() ? sums[1].item<double>() / predictions : -1.0};
 }
 
 // ---- training ------------------------------------------------------------------------------------
@@ -275,7 +258,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options);
   detail::StepAgreement agreement(ddp.mean_tail(), pg_);
   detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp);
-  detail::ProgressLog progress(*logs_, o, runtime_, plan, p, train_->info().block_size, on_note);
+  detail::ProgressLog progress(*logs_, o, runtime_, plan, p, task_->tokens_per_sample(), on_note);
   detail::BatchSource batches(*train_, o, runtime_, plan, p, read_ahead);
   const detail::SnapshotPolicy snapshots(o);
   auto snapshot = [&](RunPosition at) {
@@ -402,7 +385,7 @@ EpochMetrics Trainer::finish_epoch(const RunPosition& p, const RunPosition& epoc
   pg_.allreduce(mean_loss, ReduceOp::kAvg);
   m.train_loss = mean_loss.cpu().item<double>();
   m.samples_per_s = p.seconds > 0 ? static_cast<double>(steps * o.samples_per_step() * runtime_.size()) / p.seconds : 0;
-  m.tokens_per_s = m.samples_per_s * static_cast<double>(train_->info().block_size);
+  m.tokens_per_s = m.samples_per_s * static_cast<double>(task_->tokens_per_sample());
   if (test_) {
     auto hold = batches.pause();
     std::tie(m.test_loss, m.test_accuracy) = evaluate();

@@ -9,7 +9,7 @@
 // norm another. whole_optimizer_state() is collective under ZeRO.
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/precision.hpp>
 #include <mpiddp/trainer.hpp>

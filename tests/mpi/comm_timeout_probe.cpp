@@ -1,7 +1,7 @@
 // Probe for the timeout path (driven by tests/system/comm_timeout.sh): the ranks listed in
 // --late never enter the collective; the others must time out, name the late ranks, and end the
 // job. usage: comm_timeout_probe --backend B --late 0,2 --timeout-ms 1000 --check 0|1
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <torch/torch.h>
 

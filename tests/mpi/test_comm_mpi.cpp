@@ -1,6 +1,6 @@
 // Every collective x backend x dtype x op, in place and out of place, at odd counts, against
 // values each rank computes by formula. Runs at 1..4 ranks; groups run in check mode.
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <torch/torch.h>
 

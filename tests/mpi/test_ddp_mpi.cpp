@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "mpi_test.hpp"
+#include "test_models.hpp"
 
 using mpiddp::testing::on_all_ranks;
 using mpiddp::testing::runtime;
@@ -39,23 +40,8 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// PyTorch's MNIST example shape, smaller and without dropout (dropout's randomness would differ
-// between the sharded and the whole-batch run).
-struct CnnImpl : torch::nn::Module {
-  CnnImpl() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)));
-    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3)));
-    fc = register_module("fc", torch::nn::Linear(8 * 5 * 5, 10));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::max_pool2d(torch::relu(conv1(x)), 2);
-    h = torch::max_pool2d(torch::relu(conv2(h)), 2);
-    return fc(h.flatten(1));
-  }
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::Linear fc{nullptr};
-};
-TORCH_MODULE(Cnn);
+using CnnImpl = mpiddp::testing::SmallCnnImpl;
+using Cnn = mpiddp::testing::SmallCnn;
 
 struct BnNetImpl : torch::nn::Module {
   BnNetImpl() {

@@ -20,6 +20,7 @@
 
 #include "error_of.hpp"
 #include "mpi_test.hpp"
+#include "test_models.hpp"
 
 using mpiddp::testing::error_of;
 
@@ -49,20 +50,7 @@ Case mlp() {  // 20 -> 33 -> 7 -> 4: element counts that no rank count divides
           }};
 }
 
-struct CnnImpl : torch::nn::Module {
-  CnnImpl() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)));
-    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3)));
-    fc = register_module("fc", torch::nn::Linear(8 * 5 * 5, 10));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::max_pool2d(torch::relu(conv1(x)), 2);
-    h = torch::max_pool2d(torch::relu(conv2(h)), 2);
-    return fc(h.flatten(1));
-  }
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::Linear fc{nullptr};
-};
+using CnnImpl = mpiddp::testing::SmallCnnImpl;
 
 Case cnn() {
   return {[] { return std::make_shared<CnnImpl>(); },

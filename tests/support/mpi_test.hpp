@@ -2,7 +2,7 @@
 // returns early from a test and leaves the others inside a collective.
 #pragma once
 
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <ATen/Context.h>

@@ -1,6 +1,6 @@
 // Snapshot files: exact round trip of every dtype, atomic replacement, the directory's latest.h5
 // and keep-K rule, and refusal of truncated, bit-flipped and foreign files.
-#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
 
 #include <gtest/gtest.h>

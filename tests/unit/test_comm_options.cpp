@@ -1,5 +1,5 @@
 // CommOptions from the environment, and names the CLI accepts.
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <gtest/gtest.h>
 

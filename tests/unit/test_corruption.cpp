@@ -6,7 +6,7 @@
 // every damaged file is refused with one clean line naming it (their header carries the whole
 // file's CRC-32, checked before HDF5 parses a byte). A damaged dataset may still read (its values
 // are the user's, with no checksum of ours); a damaged structure must be a clean error.
-#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/data.hpp>
 #include <mpiddp/error.hpp>
 

@@ -1,7 +1,7 @@
 // The training loop's pure rules: the run plan against a simulation of fit()'s loops, the snapshot
 // policy, TrainerOptions::validate(), and the table of collectives against nccl-tests' formulas.
 #include <mpiddp/collective.hpp>
-#include <mpiddp/comm.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
 
@@ -12,7 +12,7 @@
 
 #include "train/run_position.hpp"
 #include "error_of.hpp"
-#include "train/snapshot_policy.hpp"
+#include "snapshot/snapshot_policy.hpp"
 
 using mpiddp::detail::RunPlan;
 using mpiddp::detail::RunPosition;

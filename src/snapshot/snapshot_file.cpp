@@ -1,4 +1,4 @@
-#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
 
 #include <fcntl.h>

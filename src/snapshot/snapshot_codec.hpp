@@ -2,7 +2,7 @@
 // buffers, the optimizer's state and every rank's RNG state, to Snapshot tensors and back.
 #pragma once
 
-#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/model.hpp>
 
 #include <torch/torch.h>

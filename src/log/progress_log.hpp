@@ -68,7 +68,7 @@ class ProgressLog {
   const TrainerOptions& options_;
   const RunPlan plan_;
   const int world_size_;
-  const int64_t block_size_;  ///< tokens per sample (0: not token data)
+  const int64_t tokens_per_sample_;  ///< Task::tokens_per_sample() (0: samples alone)
   const bool active_;         ///< rank 0 with somewhere to write
   const int64_t log_steps_;   ///< a line every this many steps (0: none by steps)
   Note note_;

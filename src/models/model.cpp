@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 
 #include "common/text.hpp"
@@ -162,6 +163,15 @@ std::map<std::string, torch::Tensor> read_state_dict(const std::string& path) {
     MPIDDP_CHECK(item.key().isString() && item.value().isTensor(),
                  "'" + path + "' is not a state_dict: it holds an entry that is not a name and a tensor");
     out[item.key().toStringRef()] = item.value().toTensor();
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> parameters(const Model& model) {
+  std::vector<torch::Tensor> out;
+  std::set<const void*> seen;
+  for (const auto& p : model.named_parameters()) {
+    if (seen.insert(p.second.unsafeGetTensorImpl()).second) out.push_back(p.second);
   }
   return out;
 }

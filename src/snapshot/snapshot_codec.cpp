@@ -1,4 +1,4 @@
-#include "train/train_state.hpp"
+#include "snapshot/snapshot_codec.hpp"
 
 #include <mpiddp/compat.hpp>
 #include <mpiddp/error.hpp>

@@ -1,10 +1,8 @@
-// Learning-rate schedules, the default loss and the model's parameter list: the small pieces of
-// the Trainer's API that a user composes.
+// Learning-rate schedules: factors of each parameter group's initial rate (trainer.hpp).
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
 
 #include <cmath>
-#include <set>
 
 namespace mpiddp {
 
@@ -37,26 +35,4 @@ LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps) {
   };
 }
 
-LossFn cross_entropy_loss() {
-  return [](const torch::Tensor& out, const torch::Tensor& y) {
-    namespace F = torch::nn::functional;
-    if (out.dim() <= 2) return F::cross_entropy(out, y);
-    return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}), F::CrossEntropyFuncOptions().ignore_index(-1));
-  };
-}
-
-LossFn mse_loss() {
-  return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y.to(out.scalar_type())); };
-}
-
-LossFn default_loss(const DatasetInfo& data) { return data.classification ? cross_entropy_loss() : mse_loss(); }
-
-std::vector<torch::Tensor> parameters(const Model& model) {
-  std::vector<torch::Tensor> out;
-  std::set<const void*> seen;
-  for (const auto& p : model.named_parameters()) {
-    if (seen.insert(p.second.unsafeGetTensorImpl()).second) out.push_back(p.second);
-  }
-  return out;
-}
 }  // namespace mpiddp

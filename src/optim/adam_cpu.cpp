@@ -1,4 +1,4 @@
-#include "train/adam_cpu.hpp"
+#include "optim/adam_cpu.hpp"
 
 #include <ATen/Parallel.h>
 

@@ -2,7 +2,7 @@
 #include <mpiddp/error.hpp>
 #include <mpiddp/optim.hpp>
 
-#include "train/adam_cpu.hpp"
+#include "optim/adam_cpu.hpp"
 
 #include <ATen/ATen.h>
 #if MPIDDP_HAS_FUSED_ADAM

@@ -1,4 +1,4 @@
-#include "train/progress_log.hpp"
+#include "log/progress_log.hpp"
 
 #include <mpiddp/error.hpp>
 
@@ -84,7 +84,7 @@ ProgressLog::ProgressLog(RunLogs& logs, const TrainerOptions& options, const Run
       options_(options),
       plan_(plan),
       world_size_(runtime.size()),
-      block_size_(tokens_per_sample),
+      tokens_per_sample_(tokens_per_sample),
       active_(runtime.rank() == 0 && (note || logs.any())),
       log_steps_(options.log_every_steps < 0 ? std::max<int64_t>(1, plan.steps_per_epoch / 10)
                                              : options.log_every_steps),
@@ -108,7 +108,7 @@ void ProgressLog::maybe_report(const RunPosition& p) {
   if (!(by_steps || by_time) || span < o.log_min_gap_seconds || !plan_.epoch_running(p)) return;
   const double rate = static_cast<double>(window_.steps) / std::max(span, 1e-9);  // steps/s
   const double samples_per_s = rate * static_cast<double>(o.samples_per_step() * world_size_);
-  const double tokens_per_s = samples_per_s * static_cast<double>(block_size_);
+  const double tokens_per_s = samples_per_s * static_cast<double>(tokens_per_sample_);
   const double loss_mean = window_.loss / static_cast<double>(window_.steps);
   const int64_t left_in_epoch = plan_.steps_per_epoch - p.step_in_epoch, left = plan_.total_steps - p.global_step;
   if (note_) {

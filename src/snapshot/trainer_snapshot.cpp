@@ -1,6 +1,6 @@
 // The Trainer's snapshots: what it writes (model, optimizer, every rank's RNG, progress) and how
 // a run resumes from one (rank 0 picks and checks, every rank loads the same bytes).
-#include <mpiddp/checkpoint.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
@@ -13,7 +13,7 @@
 #include "common/host.hpp"
 #include "common/text.hpp"
 #include "train/run_position.hpp"
-#include "train/train_state.hpp"
+#include "snapshot/snapshot_codec.hpp"
 
 namespace mpiddp {
 
