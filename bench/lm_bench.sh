@@ -44,4 +44,13 @@ for stack in sorted({r["stack"] for r in rows}):
               f"| {rss['mpiddp']:.0f} / {rss['python']:.0f} |")
 for stack, r in ratios.items():
     print(f"{stack}: median mpiddp / Python tokens/s {statistics.median(r):.2f} over {len(r)} round(s)")
+# MPIDDP_BENCH_BEFORE: this build against the earlier one, round by round (same rounds, same noise).
+def rate(stack, rnd, who):
+    runs = sorted((r for r in rows if r["stack"] == stack and r["round"] == rnd and r["who"] == who), key=lambda r: r["steps"])
+    return (runs[-1]["tokens"] - runs[0]["tokens"]) / (runs[-1]["seconds"] - runs[0]["seconds"]) if len(runs) > 1 else None
+after_before = [rate(r["stack"], r["round"], "mpiddp") / rate(r["stack"], r["round"], "mpiddp_before")
+                for r in rows if r["who"] == "mpiddp_before" and r["steps"] == max(x["steps"] for x in rows)]
+if after_before:
+    print("mpiddp after / before tokens/s, per round: " + ", ".join(f"{x:.3f}" for x in after_before) +
+          f"; median {statistics.median(after_before):.3f}")
 PY

@@ -7,9 +7,11 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace mpiddp {
@@ -47,11 +49,6 @@ class FusedAdamW : public torch::optim::AdamW {
   bool last_step_fused_ = false;
 };
 
-/// The optimizers whose per-parameter state mpiddp reads and writes tensor by tensor (snapshots,
-/// ZeRO's shards); kOther for any other.
-enum class OptimizerKind { kSgd, kAdam, kAdamW, kOther };
-OptimizerKind optimizer_kind_of(const torch::optim::Optimizer& opt);
-
 /// The state `opt` holds for parameter `p` (nullptr: none yet).
 const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p);
 
@@ -59,13 +56,57 @@ const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer&
 /// "exp_avg", "exp_avg_sq" and (amsgrad) "max_exp_avg_sq", with their step count. Undefined tensors
 /// are left out.
 struct ParamStateFields {
-  int64_t step = 0;  ///< Adam/AdamW only
+  int64_t step = 0;  ///< OptimizerSpec::counts_steps only
   std::map<std::string, torch::Tensor> tensors;
 };
-ParamStateFields state_fields(OptimizerKind kind, const torch::optim::OptimizerParamState& state);
-/// The names state_fields() may give for `kind`.
-std::vector<std::string> state_field_names(OptimizerKind kind);
-/// The state of `kind` holding `fields` (the inverse of state_fields). Not for kOther.
-std::unique_ptr<torch::optim::OptimizerParamState> state_from_fields(OptimizerKind kind, const ParamStateFields& fields);
+
+/// The hyperparameters `mpiddp train` gives an optimizer.
+struct OptimizerSettings {
+  double lr = 0;
+  double momentum = 0;
+  double weight_decay = 0;
+  std::tuple<double, double> betas{0.9, 0.999};
+  /// nanoGPT's groups: only tensors of two or more dimensions decay (biases, norms do not).
+  bool decay_matrices_only = false;
+};
+
+/// The optimizers mpiddp knows, described once: the CLI builds them by name, snapshots store their
+/// state tensor by tensor (any world size, any ZeRO stage), ZeRO shards them. Another optimizer
+/// trains through the library, snapshotted as libtorch's own archive, and cannot be sharded.
+struct OptimizerSpec {
+  std::string name;                          ///< sgd | adam | adamw
+  double default_lr = 0;                     ///< `mpiddp train --lr auto`
+  std::vector<std::string> cli_parameters;   ///< `mpiddp train` flags it reads besides --lr
+  std::vector<std::string> state_fields;     ///< the per-parameter tensors its state may hold
+  bool counts_steps = false;                 ///< a step count per parameter (Adam's bias correction)
+  /// Whether `opt` is one (mpiddp's fused forms included).
+  std::function<bool(const torch::optim::Optimizer& opt)> is;
+  std::function<ParamStateFields(const torch::optim::OptimizerParamState&)> fields_of;
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const ParamStateFields&)> state_from;
+  /// One of the same type with `like`'s defaults over `groups` (ZeRO's shards).
+  std::function<std::unique_ptr<torch::optim::Optimizer>(const torch::optim::Optimizer& like,
+                                                         std::vector<torch::optim::OptimizerParamGroup> groups)>
+      same_kind_over;
+  /// `mpiddp train`'s optimizer over `params` (each tensor once), fused where the kind has a fused form.
+  std::function<std::shared_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>& params,
+                                                         const OptimizerSettings& settings)>
+      make;
+};
+
+/// sgd, adam, adamw.
+const std::vector<OptimizerSpec>& optimizers();
+/// The row named `name`, or nullptr.
+const OptimizerSpec* find_optimizer(const std::string& name);
+/// The row `opt` is one of, or nullptr (an optimizer mpiddp neither shards nor stores field by field).
+const OptimizerSpec* optimizer_spec_of(const torch::optim::Optimizer& opt);
+
+/// Global-norm clipping, one rule for DDP's whole gradients and ZeRO's shards: the squared L2 norm
+/// of the gradients of `params` (those with one), accumulated in float64 as a 0-dim tensor on their
+/// device, so that any partition of the same elements (shards summed over the ranks) gives the same
+/// norm to float64 rounding.
+torch::Tensor grad_squared_norm(const std::vector<torch::Tensor>& params);
+/// Scales the gradients of `params` so that a global norm `norm` becomes at most `max_norm`, by
+/// torch.nn.utils.clip_grad_norm_'s rule (factor max_norm / (norm + 1e-6) when below 1); returns `norm`.
+double clip_grads_to(const std::vector<torch::Tensor>& params, double norm, double max_norm);
 
 }  // namespace mpiddp

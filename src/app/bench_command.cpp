@@ -1,6 +1,7 @@
 // `mpiddp bench`: nccl-tests' output and formulas with PARAM's conveniences (sizes with K/M/G,
 // JSON and CSV), over any ProcessGroup backend.
 #include <mpiddp/process_group.hpp>
+#include <mpiddp/backends.hpp>
 #include <mpiddp/error.hpp>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 
 #include "app/bench.hpp"
 #include "app/cli.hpp"
+#include "app/option_table.hpp"
 #include "common/check.hpp"
 
 namespace mpiddp::app {
@@ -244,106 +246,103 @@ json to_json(const Measurement& m) {
           {"wrong", m.wrong < 0 ? json(nullptr) : json(m.wrong)}};
 }
 
-}  // namespace
 
-int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
-  po::options_description options("mpiddp bench options");
-  std::string collective, minbytes, maxbytes, dtype, op, device;
-  BenchConfig cfg;
-  int check = 1;
-  options.add_options()("help,h", "show this help")(
-      "backend", po::value(&cfg.backend)->default_value("mpi"), "mpi|nccl|gloo (those built into this binary)")(
-      "collective", po::value(&collective)->default_value("allreduce"),
-      "allreduce|allgather|reduce_scatter|broadcast|alltoall|all")(
-      "minbytes,b", po::value(&minbytes)->default_value("32M"), "smallest size S, bytes (K, M, G accepted)")(
-      "maxbytes,e", po::value(&maxbytes)->default_value("32M"), "largest size S")(
-      "stepfactor,f", po::value(&cfg.factor)->default_value(2.0), "multiply the size by this between steps (> 1)")(
-      "warmup-iters,w", po::value(&cfg.warmup)->default_value(5), "untimed iterations per size")(
-      "iters,n", po::value(&cfg.iters)->default_value(20), "timed iterations per size")(
-      "check,c", po::value(&check)->default_value(1), "1: verify results against the formula and count #wrong")(
-      "dtype,d", po::value(&dtype)->default_value("float32"), "float32|float64|bfloat16|float16|int32|int64")(
-      "device", po::value(&device)->default_value("auto"),
-      "cpu|cuda|auto: where the buffers live (auto: this rank's GPU for nccl, else cpu)")(
-      "op,o", po::value(&op)->default_value("sum"), "sum|avg|min|max (allreduce, reduce_scatter)")(
-      "root,r", po::value(&cfg.root)->default_value(0), "broadcast root")(
-      "json", po::value(&cfg.json_path), "also write the results as JSON to this file (rank 0)")(
-      "csv", po::value(&cfg.csv_path), "also write the results as CSV to this file (rank 0)");
+// What the command line says (the options' defaults are its initial values), before it becomes a
+// BenchConfig.
+struct BenchFlags {
+  std::string backend = "mpi", collective = "allreduce", minbytes = "32M", maxbytes = "32M", dtype = "float32";
+  std::string device = "auto", op = "sum", json_path, csv_path;
+  double factor = 2.0;
+  int warmup = 5, iters = 20, check = 1, root = 0;
+};
 
-  auto validate = [&] {
-    parse_options(options, args);
-    if (collective == "all") {
-      cfg.collectives.clear();
-      for (const auto& t : collectives()) {
-        if (t.has_data()) cfg.collectives.push_back(t.kind);
-      }
-    } else {
-      cfg.collectives = {parse_collective(collective)};
-      MPIDDP_CHECK(traits(cfg.collectives[0]).has_data(), "bench measures data collectives, not barrier");
-    }
-    cfg.min_bytes = bench::parse_size(minbytes);
-    cfg.max_bytes = bench::parse_size(maxbytes);
-    MPIDDP_CHECK(cfg.min_bytes > 0, "--minbytes must be > 0");
-    MPIDDP_CHECK(cfg.max_bytes >= cfg.min_bytes, "--maxbytes (" + maxbytes + ") is below --minbytes (" + minbytes + ")");
-    MPIDDP_CHECK(cfg.factor > 1.0, "--stepfactor must be > 1");
-    MPIDDP_CHECK(cfg.warmup >= 0, "--warmup-iters must be >= 0");
-    MPIDDP_CHECK(cfg.iters >= 1, "--iters must be >= 1");
-    MPIDDP_CHECK(check == 0 || check == 1, "--check takes 0 or 1");
-    cfg.check = check == 1;
-    cfg.dtype = parse_dtype(dtype);
-    cfg.op = parse_reduce_op(op);
-    MPIDDP_CHECK(cfg.root >= 0 && cfg.root < runtime.size(),
-                 "--root " + std::to_string(cfg.root) + " outside a world of " + std::to_string(runtime.size()));
-    const auto built = available_backends();
-    MPIDDP_CHECK(std::find(built.begin(), built.end(), cfg.backend) != built.end(),
-                 "backend '" + cfg.backend + "' is not built into this mpiddp");
-    MPIDDP_CHECK(device == "auto" || device == "cpu" || device == "cuda",
-                 "--device takes cpu, cuda or auto, not '" + device + "'");
-    const bool cuda = device == "cuda" || (device == "auto" && cfg.backend == "nccl");
-    MPIDDP_CHECK(!cuda || (runtime.device().is_cuda() && torch::cuda::is_available()),
-                 (device == "cuda" ? std::string("--device cuda") : "--backend " + cfg.backend) +
-                     ": this rank has no GPU, or this libtorch has no CUDA");
-    cfg.device = cuda ? runtime.device() : c10::Device(c10::kCPU);
+// Every `mpiddp bench` option, once.
+const std::vector<OptionRow<BenchFlags>>& bench_options() {
+  using F = BenchFlags;
+  static const std::vector<OptionRow<BenchFlags>> rows = {
+      option<F>("backend", [](F& f) -> auto& { return f.backend; }, "mpi|nccl|gloo (those built into this binary)"),
+      option<F>("collective", [](F& f) -> auto& { return f.collective; },
+                "allreduce|allgather|reduce_scatter|broadcast|alltoall|all"),
+      option<F>("minbytes,b", [](F& f) -> auto& { return f.minbytes; }, "smallest size S, bytes (K, M, G accepted)"),
+      option<F>("maxbytes,e", [](F& f) -> auto& { return f.maxbytes; }, "largest size S"),
+      option<F>("stepfactor,f", [](F& f) -> auto& { return f.factor; }, "multiply the size by this between steps (> 1)"),
+      option<F>("warmup-iters,w", [](F& f) -> auto& { return f.warmup; }, "untimed iterations per size"),
+      option<F>("iters,n", [](F& f) -> auto& { return f.iters; }, "timed iterations per size"),
+      option<F>("check,c", [](F& f) -> auto& { return f.check; }, "1: verify results against the formula and count #wrong"),
+      option<F>("dtype,d", [](F& f) -> auto& { return f.dtype; }, "float32|float64|bfloat16|float16|int32|int64"),
+      option<F>("device", [](F& f) -> auto& { return f.device; },
+                "cpu|cuda|auto: where the buffers live (auto: this rank's GPU for nccl, else cpu)"),
+      option<F>("op,o", [](F& f) -> auto& { return f.op; }, "sum|avg|min|max (allreduce, reduce_scatter)"),
+      option<F>("root,r", [](F& f) -> auto& { return f.root; }, "broadcast root"),
+      option<F>("json", [](F& f) -> auto& { return f.json_path; }, "also write the results as JSON to this file (rank 0)",
+                kNoDefault),
+      option<F>("csv", [](F& f) -> auto& { return f.csv_path; }, "also write the results as CSV to this file (rank 0)",
+                kNoDefault),
   };
-  po::variables_map vm;
-  if (auto code = agree_on_local_phase(runtime, "bench", [&] { vm = parse_options(options, args); validate(); })) {
-    return *code;
-  }
-  if (vm.count("help")) {
-    print_help(runtime,
-               "usage: mpirun -np N mpiddp bench [options]\n\n"
-            "Measures collective time and bandwidth per size like nccl-tests: algbw = S / t, busbw = algbw x\n"
-            "2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall; S = the whole array), 1\n"
-            "(broadcast). Exit status 1 if any element was wrong.\n\n",
-               options);
-    return kExitOk;
-  }
+  return rows;
+}
 
-  // Group creation fails on every rank alike (each backend agrees before it can block).
-  std::unique_ptr<ProcessGroup> pg;
-  if (auto code = agree_on_local_phase(runtime, "bench", [&] { pg = make_process_group(cfg.backend, runtime); },
-                                       kExitFailure)) {
-    return *code;
+// The flags checked and turned into what the sweep runs. Local: no collective.
+BenchConfig config_of(const BenchFlags& f, const Runtime& runtime) {
+  BenchConfig cfg;
+  cfg.backend = f.backend;
+  if (f.collective == "all") {
+    for (const auto& t : collectives()) {
+      if (t.has_data()) cfg.collectives.push_back(t.kind);
+    }
+  } else {
+    cfg.collectives = {parse_collective(f.collective)};
+    MPIDDP_CHECK(traits(cfg.collectives[0]).has_data(), "bench measures data collectives, not barrier");
   }
+  cfg.min_bytes = bench::parse_size(f.minbytes);
+  cfg.max_bytes = bench::parse_size(f.maxbytes);
+  MPIDDP_CHECK(cfg.min_bytes > 0, "--minbytes must be > 0");
+  MPIDDP_CHECK(cfg.max_bytes >= cfg.min_bytes, "--maxbytes (" + f.maxbytes + ") is below --minbytes (" + f.minbytes + ")");
+  MPIDDP_CHECK(f.factor > 1.0, "--stepfactor must be > 1");
+  MPIDDP_CHECK(f.warmup >= 0, "--warmup-iters must be >= 0");
+  MPIDDP_CHECK(f.iters >= 1, "--iters must be >= 1");
+  MPIDDP_CHECK(f.check == 0 || f.check == 1, "--check takes 0 or 1");
+  cfg.factor = f.factor;
+  cfg.warmup = f.warmup;
+  cfg.iters = f.iters;
+  cfg.check = f.check == 1;
+  cfg.dtype = parse_dtype(f.dtype);
+  cfg.op = parse_reduce_op(f.op);
+  MPIDDP_CHECK(f.root >= 0 && f.root < runtime.size(),
+               "--root " + std::to_string(f.root) + " outside a world of " + std::to_string(runtime.size()));
+  cfg.root = f.root;
+  MPIDDP_CHECK(f.device == "auto" || f.device == "cpu" || f.device == "cuda",
+               "--device takes cpu, cuda or auto, not '" + f.device + "'");
+  const bool cuda = f.device == "cuda" || (f.device == "auto" && cfg.backend == "nccl");
+  cfg.device = cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
+  check_backend(cfg.backend, cfg.device, runtime, f.device == "cuda" ? "--device cuda" : "--backend " + cfg.backend);
+  if (cuda) cfg.device = runtime.device();
+  cfg.json_path = f.json_path;
+  cfg.csv_path = f.csv_path;
+  return cfg;
+}
 
-  const std::string type = dtype_name(cfg.dtype);
-  const char* where = cfg.device.is_cuda() ? "cuda" : "cpu";
-  std::ostringstream out;
-  out << "# mpiddp bench: backend " << cfg.backend << ", " << runtime.size() << " rank(s) on " << runtime.node_count()
-      << " node(s), dtype " << type << ", device " << where << ", warmup "
-      << cfg.warmup << ", iters " << cfg.iters << ", check " << (cfg.check ? 1 : 0) << "\n";
-  print_rank0(runtime, out.str());
-
-  json results = json::array();
-  std::ofstream csv;
-  if (runtime.rank() == 0 && !cfg.csv_path.empty()) {
-    csv.open(cfg.csv_path);
-    MPIDDP_CHECK(csv.good(), "cannot write --csv file '" + cfg.csv_path + "'");
-    csv << "collective,size_bytes,count,type,redop,root,placement,time_us,time_us_p50,time_us_p95,algbw_gbps,"
-           "busbw_gbps,wrong\n";
-  }
+// The results of a sweep: nccl-tests' table on rank 0 as it goes, JSON rows, the totals.
+struct SweepResults {
+  json rows = json::array();
   double busbw_sum = 0;
-  int rows = 0;
-  int64_t wrong_total = 0;
+  int count = 0;
+  int64_t wrong = 0;
+};
+
+void write_csv_rows(std::ofstream& csv, Collective c, const bench::SizePoint& size, const std::string& type,
+                    const std::string& redop, int root, const Measurement& oop, const Measurement& ip) {
+  for (const auto& [placement, m] : {std::pair<const char*, const Measurement*>{"out-of-place", &oop},
+                                     std::pair<const char*, const Measurement*>{"in-place", &ip}}) {
+    csv << to_string(c) << "," << size.bytes << "," << size.count << "," << type << "," << redop << "," << root << ","
+        << placement << "," << m->time_us << "," << m->p50 << "," << m->p95 << "," << m->algbw << "," << m->busbw << ","
+        << (m->wrong < 0 ? std::string() : std::to_string(m->wrong)) << "\n";
+  }
+}
+
+SweepResults run_sweep(ProcessGroup& pg, const Runtime& runtime, const BenchConfig& cfg, std::ofstream& csv) {
+  SweepResults out;
+  const std::string type = dtype_name(cfg.dtype);
   for (Collective c : cfg.collectives) {
     const auto& t = traits(c);
     const std::string redop = t.reduces ? to_string(cfg.op) : "none";
@@ -354,47 +353,85 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
           << "#       size         count      type   redop    root       time    algbw    busbw  #wrong       time    algbw    busbw  #wrong\n"
           << "#        (B)    (elements)                                   (us)   (GB/s)   (GB/s)              (us)   (GB/s)   (GB/s)\n";
     print_rank0(runtime, table.str());
-    if (!pg->supports(c, cfg.dtype, cfg.op)) {
+    if (!pg.supports(c, cfg.dtype, cfg.op)) {
       print_rank0(runtime, "# " + cfg.backend + " does not support " + to_string(c) + " of " + type +
                                (t.reduces ? " with " + redop : std::string()) + ": skipped\n");
       continue;
     }
     for (const auto& size : bench::sweep(c, cfg.min_bytes, cfg.max_bytes, cfg.factor,
                                          static_cast<int>(c10::elementSize(cfg.dtype)), runtime.size())) {
-      const Measurement oop = measure(*pg, runtime, cfg, c, size, false);
-      const Measurement ip = measure(*pg, runtime, cfg, c, size, true);
+      const Measurement oop = measure(pg, runtime, cfg, c, size, false);
+      const Measurement ip = measure(pg, runtime, cfg, c, size, true);
       print_rank0(runtime, row(size, type, redop, root, oop, ip) + "\n");
-      busbw_sum += oop.busbw + ip.busbw;
-      rows += 2;
-      wrong_total += std::max<int64_t>(oop.wrong, 0) + std::max<int64_t>(ip.wrong, 0);
-      json r = {{"collective", to_string(c)}, {"size_bytes", size.bytes}, {"count", size.count}, {"type", type},
-                {"redop", redop}, {"root", root}, {"out_of_place", to_json(oop)}, {"in_place", to_json(ip)}};
-      results.push_back(r);
-      if (csv.is_open()) {
-        for (const auto& [placement, m] : {std::pair<const char*, const Measurement*>{"out-of-place", &oop},
-                                           std::pair<const char*, const Measurement*>{"in-place", &ip}}) {
-          csv << to_string(c) << "," << size.bytes << "," << size.count << "," << type << "," << redop << "," << root
-              << "," << placement << "," << m->time_us << "," << m->p50 << "," << m->p95 << "," << m->algbw << ","
-              << m->busbw << "," << (m->wrong < 0 ? std::string() : std::to_string(m->wrong)) << "\n";
-        }
-      }
+      out.busbw_sum += oop.busbw + ip.busbw;
+      out.count += 2;
+      out.wrong += std::max<int64_t>(oop.wrong, 0) + std::max<int64_t>(ip.wrong, 0);
+      out.rows.push_back({{"collective", to_string(c)}, {"size_bytes", size.bytes}, {"count", size.count}, {"type", type},
+                          {"redop", redop}, {"root", root}, {"out_of_place", to_json(oop)}, {"in_place", to_json(ip)}});
+      if (csv.is_open()) write_csv_rows(csv, c, size, type, redop, root, oop, ip);
     }
   }
-  const double avg_busbw = rows ? busbw_sum / rows : 0.0;
+  return out;
+}
+
+void write_json(const BenchConfig& cfg, const Runtime& runtime, const SweepResults& r, double avg_busbw) {
+  json doc = {{"backend", cfg.backend}, {"world_size", runtime.size()}, {"node_count", runtime.node_count()},
+              {"dtype", dtype_name(cfg.dtype)}, {"device", cfg.device.is_cuda() ? "cuda" : "cpu"},
+              {"op", to_string(cfg.op)}, {"warmup_iters", cfg.warmup}, {"iters", cfg.iters}, {"check", cfg.check},
+              {"results", r.rows}, {"avg_busbw_gbps", avg_busbw}, {"wrong", r.wrong},
+              {"result", r.wrong == 0 ? "OK" : "FAILED"}};
+  std::ofstream j(cfg.json_path);
+  MPIDDP_CHECK(j.good(), "cannot write --json file '" + cfg.json_path + "'");
+  j << doc.dump(2) << "\n";
+}
+
+}  // namespace
+
+int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
+  BenchFlags flags;
+  const auto options = describe("mpiddp bench options", bench_options(), flags);
+  BenchConfig cfg;
+  po::variables_map vm;
+  auto parse = [&] {
+    vm = parse_options(options, args);
+    if (!vm.count("help")) cfg = config_of(flags, runtime);
+  };
+  if (auto code = agree_on_local_phase(runtime, "bench", parse)) return *code;
+  if (vm.count("help")) {
+    print_help(runtime,
+               "usage: mpirun -np N mpiddp bench [options]\n\n"
+               "Measures collective time and bandwidth per size like nccl-tests: algbw = S / t, busbw = algbw x\n"
+               "2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall; S = the whole array), 1\n"
+               "(broadcast). Exit status 1 if any element was wrong.\n\n",
+               options);
+    return kExitOk;
+  }
+  // Group creation fails on every rank alike (each backend agrees before it can block).
+  std::unique_ptr<ProcessGroup> pg;
+  if (auto code = agree_on_local_phase(runtime, "bench", [&] { pg = make_process_group(cfg.backend, runtime); },
+                                       kExitFailure)) {
+    return *code;
+  }
+  std::ostringstream out;
+  out << "# mpiddp bench: backend " << cfg.backend << ", " << runtime.size() << " rank(s) on " << runtime.node_count()
+      << " node(s), dtype " << dtype_name(cfg.dtype) << ", device " << (cfg.device.is_cuda() ? "cuda" : "cpu")
+      << ", warmup " << cfg.warmup << ", iters " << cfg.iters << ", check " << (cfg.check ? 1 : 0) << "\n";
+  print_rank0(runtime, out.str());
+  std::ofstream csv;
+  if (runtime.rank() == 0 && !cfg.csv_path.empty()) {
+    csv.open(cfg.csv_path);
+    MPIDDP_CHECK(csv.good(), "cannot write --csv file '" + cfg.csv_path + "'");
+    csv << "collective,size_bytes,count,type,redop,root,placement,time_us,time_us_p50,time_us_p95,algbw_gbps,"
+           "busbw_gbps,wrong\n";
+  }
+  const SweepResults r = run_sweep(*pg, runtime, cfg, csv);
+  const double avg_busbw = r.count ? r.busbw_sum / r.count : 0.0;
   std::ostringstream footer;
-  footer << "# Out of bounds values : " << wrong_total << (wrong_total == 0 ? " OK" : " FAILED") << "\n"
+  footer << "# Out of bounds values : " << r.wrong << (r.wrong == 0 ? " OK" : " FAILED") << "\n"
          << "# Avg bus bandwidth    : " << fmt("%.6g", avg_busbw) << "\n#\n";
   print_rank0(runtime, footer.str());
-  if (runtime.rank() == 0 && !cfg.json_path.empty()) {
-    json doc = {{"backend", cfg.backend}, {"world_size", runtime.size()}, {"node_count", runtime.node_count()},
-                {"dtype", type}, {"device", where}, {"op", to_string(cfg.op)},
-                {"warmup_iters", cfg.warmup}, {"iters", cfg.iters}, {"check", cfg.check}, {"results", results}, {"avg_busbw_gbps", avg_busbw},
-                {"wrong", wrong_total}, {"result", wrong_total == 0 ? "OK" : "FAILED"}};
-    std::ofstream j(cfg.json_path);
-    MPIDDP_CHECK(j.good(), "cannot write --json file '" + cfg.json_path + "'");
-    j << doc.dump(2) << "\n";
-  }
-  return wrong_total == 0 ? kExitOk : kExitFailure;
+  if (runtime.rank() == 0 && !cfg.json_path.empty()) write_json(cfg, runtime, r, avg_busbw);
+  return r.wrong == 0 ? kExitOk : kExitFailure;
 }
 
 }  // namespace mpiddp::app

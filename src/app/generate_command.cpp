@@ -15,6 +15,7 @@
 
 #include "app/cli.hpp"
 #include "common/text.hpp"
+#include "snapshot/snapshot_codec.hpp"
 
 namespace mpiddp::app {
 
@@ -43,13 +44,20 @@ std::vector<std::string> read_tokenizer(const std::string& path) {
   return table;
 }
 
-// The GPT of a snapshot written by `mpiddp train --model gpt`, with its trained weights.
-Gpt gpt_of(const Snapshot& s, const std::string& name) {
+// The GPT shape a snapshot records: its own key (every snapshot of the built-in GPT, trained by the
+// CLI or the library), or the CLI's options of snapshots written before that key.
+std::string gpt_config_of(const Snapshot& s, const std::string& name) {
+  if (const auto it = s.texts.find(detail::kGptConfigKey); it != s.texts.end()) return it->second;
   const auto it = s.texts.find("config");
   const auto options = nlohmann::json::parse(it == s.texts.end() ? "" : it->second, nullptr, false);
   MPIDDP_CHECK(options.is_object() && options.contains("gpt"),
                "snapshot '" + name + "' is not of a built-in GPT (mpiddp train --model gpt)");
-  Gpt gpt(GptConfig::from_json(options["gpt"].dump()));
+  return options["gpt"].dump();
+}
+
+// The GPT of a snapshot of the built-in GPT, with its trained weights.
+Gpt gpt_of(const Snapshot& s, const std::string& name) {
+  Gpt gpt(GptConfig::from_json(gpt_config_of(s, name)));
   try {
     load_named(*wrap_module(gpt), s.tensors, "model/");
   } catch (const Error& e) {

@@ -1,5 +1,6 @@
 // `mpiddp info`: the SuperCloud and AWS cluster checks in one native command. Every rank
 // describes itself; rank 0 prints all of it in rank order, then versions and a sanity check.
+#include <mpiddp/backends.hpp>
 #include <mpiddp/diagnostics.hpp>
 #include <mpiddp/error.hpp>
 
@@ -32,10 +33,7 @@ json versions_json(const LibraryVersions& v, const Runtime& rt) {
   j["cuda_driver"] = v.cuda_driver.empty() ? json(nullptr) : json(v.cuda_driver);
   j["hdf5"] = v.hdf5;
   j["hdf5_parallel"] = v.hdf5_parallel;
-  json backends = json::array({"mpi"});
-  if (!v.nccl.empty()) backends.push_back("nccl");
-  if (v.gloo) backends.push_back("gloo");
-  j["backends"] = backends;
+  j["backends"] = available_backends();
   j["mpi_cuda_aware"] = v.mpi_cuda_aware;
   return j;
 }

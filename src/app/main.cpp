@@ -6,6 +6,7 @@
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>
 
+#include <algorithm>
 #include <iostream>
 #include <thread>
 #include <memory>
@@ -20,7 +21,7 @@ const std::vector<mpiddp::app::Command>& commands() {
        mpiddp::app::run_info},
       {"bench", "collective time and bandwidth per size, nccl-tests style (mpi, nccl, gloo)",
        mpiddp::app::run_bench},
-      {"train", "data-parallel training of a built-in model or a TorchScript file on an HDF5 dataset",
+      {"train", "data-parallel training of a built-in model or a TorchScript file (HDF5 sets, token shards)",
        mpiddp::app::run_train},
       {"export", "write a snapshot's model for Python (TorchScript module or state_dict)", mpiddp::app::run_export},
       {"generate", "continue a prompt with a built-in GPT's snapshot (nanoGPT's sampling)", mpiddp::app::run_generate},
@@ -32,7 +33,9 @@ const std::vector<mpiddp::app::Command>& commands() {
 std::string usage() {
   std::string text =
       "usage: mpiddp <command> [options]        (under mpirun, srun or alone as one rank)\n\ncommands:\n";
-  for (const auto& c : commands()) text += "  " + c.name + std::string(8 - c.name.size(), ' ') + c.summary + "\n";
+  size_t width = 0;
+  for (const auto& c : commands()) width = std::max(width, c.name.size());
+  for (const auto& c : commands()) text += "  " + c.name + std::string(width + 2 - c.name.size(), ' ') + c.summary + "\n";
   text += "\n`mpiddp <command> --help` lists a command's options; `mpiddp --version` prints the version.\n";
   return text;
 }

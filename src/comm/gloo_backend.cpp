@@ -7,7 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/backends.hpp"
+#include "comm/backend_factories.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
 

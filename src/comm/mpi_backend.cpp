@@ -10,7 +10,7 @@
 
 #include <climits>
 
-#include "comm/backends.hpp"
+#include "comm/backend_factories.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
 #include "common/check_cuda.hpp"

@@ -8,7 +8,7 @@
 
 #include <atomic>
 
-#include "comm/backends.hpp"
+#include "comm/backend_factories.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
 #include "common/check_cuda.hpp"

@@ -12,7 +12,8 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/backends.hpp"
+#include "comm/backend_factories.hpp"
+#include "runtime/wait.hpp"
 #include "comm/stall.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
@@ -135,15 +136,9 @@ bool PollingWork::test() {
 }
 
 void PollingWork::wait() {
-  // Spin (small messages finish in microseconds; MPI's non-blocking collectives progress only
-  // inside MPI_Test), then yield so a waiting rank does not starve the rank it waits for on an
-  // oversubscribed node, and sleep only once the wait is long (a late rank, not a slow transfer).
-  int polls = 0;
-  auto waited = std::chrono::steady_clock::duration::zero();
-  while (!test()) {
-    ++polls;
-    if (polls % 64 != 0) continue;  // a clock read costs more than a poll of a short collective
-    waited = std::chrono::steady_clock::now() - start_;
+  // The waiting policy is detail::wait_until's (runtime/wait.hpp); here the stall monitor hears of
+  // the wait and the timeout ends it.
+  detail::wait_until([this] { return test(); }, start_, [this](std::chrono::steady_clock::duration waited) {
     if (call_.stall) call_.stall->on_wait(call_, waited);
     if (waited > timeout_) {
       on_timeout();
@@ -156,12 +151,7 @@ void PollingWork::wait() {
       failure_ = std::make_exception_ptr(error);
       std::rethrow_exception(failure_);
     }
-    if (waited > std::chrono::milliseconds(100)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    } else if (polls > 1000) {
-      std::this_thread::yield();
-    }
-  }
+  });
 }
 
 std::string PollingWork::who_is_missing() {
@@ -558,26 +548,5 @@ WorkHandle ProcessGroup::alltoall_async(const torch::Tensor& input, const torch:
 }
 
 WorkHandle ProcessGroup::barrier_async() { return issue(make_call(Collective::kBarrier, {}, {})); }
-
-std::vector<std::string> available_backends() {
-  std::vector<std::string> b = {"mpi"};
-  if (MPIDDP_HAS_NCCL) b.push_back("nccl");
-  if (MPIDDP_HAS_GLOO) b.push_back("gloo");
-  return b;
-}
-
-std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, const Runtime& runtime,
-                                                 const CommOptions& options) {
-  if (backend == "mpi") return detail::make_mpi_group(runtime, options);
-#if MPIDDP_HAS_NCCL
-  if (backend == "nccl") return detail::make_nccl_group(runtime, options);
-#endif
-#if MPIDDP_HAS_GLOO
-  if (backend == "gloo") return detail::make_gloo_group(runtime, options);
-#endif
-  std::string built;
-  for (const auto& b : available_backends()) built += (built.empty() ? "" : "|") + b;
-  MPIDDP_THROW("backend '" + backend + "' is not built into this mpiddp (available: " + built + ")");
-}
 
 }  // namespace mpiddp

@@ -166,76 +166,10 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return loss;
 }
 
-namespace {
-
-template <class State>
-ParamStateFields adam_fields(const State& s) {
-  ParamStateFields f;
-  f.step = s.step();
-  f.tensors["exp_avg"] = s.exp_avg();
-  f.tensors["exp_avg_sq"] = s.exp_avg_sq();
-  if (s.max_exp_avg_sq().defined()) f.tensors["max_exp_avg_sq"] = s.max_exp_avg_sq();
-  return f;
-}
-
-template <class State>
-std::unique_ptr<State> adam_state(const ParamStateFields& f) {
-  auto s = std::make_unique<State>();
-  s->step(f.step);
-  s->exp_avg(f.tensors.at("exp_avg"));
-  s->exp_avg_sq(f.tensors.at("exp_avg_sq"));
-  if (const auto m = f.tensors.find("max_exp_avg_sq"); m != f.tensors.end()) s->max_exp_avg_sq(m->second);
-  return s;
-}
-
-}  // namespace
-
 const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
   const auto& state = opt.state();
   const auto it = state.find(compat::optimizer_state_key(state, p.unsafeGetTensorImpl()));
   return it == state.end() ? nullptr : it->second.get();
-}
-
-OptimizerKind optimizer_kind_of(const torch::optim::Optimizer& opt) {
-  if (dynamic_cast<const torch::optim::SGD*>(&opt)) return OptimizerKind::kSgd;
-  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) return OptimizerKind::kAdamW;
-  if (dynamic_cast<const torch::optim::Adam*>(&opt)) return OptimizerKind::kAdam;
-  return OptimizerKind::kOther;
-}
-
-ParamStateFields state_fields(OptimizerKind kind, const torch::optim::OptimizerParamState& state) {
-  switch (kind) {
-    case OptimizerKind::kSgd: {
-      ParamStateFields f;
-      const auto& m = static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer();
-      if (m.defined()) f.tensors["momentum_buffer"] = m;
-      return f;
-    }
-    case OptimizerKind::kAdam: return adam_fields(static_cast<const torch::optim::AdamParamState&>(state));
-    case OptimizerKind::kAdamW: return adam_fields(static_cast<const torch::optim::AdamWParamState&>(state));
-    case OptimizerKind::kOther: break;
-  }
-  MPIDDP_THROW("state_fields: not an SGD, Adam or AdamW state");
-}
-
-std::vector<std::string> state_field_names(OptimizerKind kind) {
-  if (kind == OptimizerKind::kSgd) return {"momentum_buffer"};
-  if (kind == OptimizerKind::kOther) return {};
-  return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-}
-
-std::unique_ptr<torch::optim::OptimizerParamState> state_from_fields(OptimizerKind kind, const ParamStateFields& f) {
-  switch (kind) {
-    case OptimizerKind::kSgd: {
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      if (const auto m = f.tensors.find("momentum_buffer"); m != f.tensors.end()) s->momentum_buffer(m->second);
-      return s;
-    }
-    case OptimizerKind::kAdam: return adam_state<torch::optim::AdamParamState>(f);
-    case OptimizerKind::kAdamW: return adam_state<torch::optim::AdamWParamState>(f);
-    case OptimizerKind::kOther: break;
-  }
-  MPIDDP_THROW("state_from_fields: not an SGD, Adam or AdamW state");
 }
 
 }  // namespace mpiddp

@@ -16,6 +16,7 @@
 #include "common/check.hpp"
 #include "common/host.hpp"
 #include "common/check_cuda.hpp"
+#include "runtime/wait.hpp"
 
 namespace mpiddp {
 
@@ -223,24 +224,21 @@ std::vector<std::string> split_pieces(const std::string& all, const std::vector<
 
 // Completes a non-blocking collective of the helpers below within the communication timeout
 // (MPIDDP_COMM_TIMEOUT), so a rank that never arrives (stopped, hung, dead) ends the wait with
-// CollectiveTimeout instead of hanging the job. Sleeps between tests once the wait is long.
+// CollectiveTimeout instead of hanging the job; waits as every wait does (wait.hpp).
 void complete(MPI_Request& request, const char* what) {
   static const auto timeout = CommOptions::from_environment().timeout;
-  const auto start = std::chrono::steady_clock::now();
-  for (int polls = 0;; ++polls) {
-    int done = 0;
-    MPIDDP_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    if (polls < 1000) continue;
-    const auto waited = std::chrono::steady_clock::now() - start;
-    if (waited > timeout) {
-      throw CollectiveTimeout(std::string(what) + " did not complete within " +
-                                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
-                                  " s (MPIDDP_COMM_TIMEOUT): a rank has stopped, hung or died",
-                              __FILE__, __LINE__);
-    }
-    if (waited > std::chrono::milliseconds(100)) std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  const auto done = [&request] {
+    int flag = 0;
+    MPIDDP_CHECK_MPI(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+    return flag != 0;
+  };
+  detail::wait_until(done, std::chrono::steady_clock::now(), [&](std::chrono::steady_clock::duration waited) {
+    if (waited <= timeout) return;
+    throw CollectiveTimeout(std::string(what) + " did not complete within " +
+                                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+                                " s (MPIDDP_COMM_TIMEOUT): a rank has stopped, hung or died",
+                            __FILE__, __LINE__);
+  });
 }
 
 int checked_length(const std::string& s) {

@@ -32,23 +32,20 @@ torch::Tensor bytes_tensor(const std::string& bytes) {
 void model_to_snapshot(const Model& model, Snapshot& s) {
   for (const auto& [name, t] : model.named_parameters()) s.tensors["model/" + name] = t.detach().cpu();
   for (const auto& [name, t] : model.named_buffers()) s.tensors["model/" + name] = t.detach().cpu();
+  // The built-in GPT's shape, whoever trained it (the CLI or the library): generate and export read it.
+  if (const auto gpt = std::dynamic_pointer_cast<GptImpl>(model.module())) s.texts[kGptConfigKey] = gpt->config().to_json();
 }
 
 void model_from_snapshot(Model& model, const Snapshot& s) { load_named(model, s.tensors, "model/"); }
 
 std::string optimizer_kind(const torch::optim::Optimizer& opt) {
-  switch (optimizer_kind_of(opt)) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kAdamW: return "adamw";
-    case OptimizerKind::kOther: break;
-  }
-  return "other";
+  const auto* spec = optimizer_spec_of(opt);
+  return spec ? spec->name : "other";
 }
 
 void optimizer_to_snapshot(const torch::optim::Optimizer& opt, const NamedTensors& params, Snapshot& s) {
-  const auto kind = optimizer_kind_of(opt);
-  if (kind == OptimizerKind::kOther) {
+  const auto* spec = optimizer_spec_of(opt);
+  if (!spec) {  // not one of the table's: libtorch's own archive, whole
     torch::serialize::OutputArchive archive;
     opt.save(archive);
     std::ostringstream out;
@@ -60,16 +57,16 @@ void optimizer_to_snapshot(const torch::optim::Optimizer& opt, const NamedTensor
     const auto* st = state_of(opt, p);
     if (!st) continue;
     const std::string prefix = "optimizer/" + name + "/";
-    const auto fields = state_fields(kind, *st);
-    if (kind != OptimizerKind::kSgd) s.tensors[prefix + "step"] = torch::tensor(fields.step, torch::kLong);
+    const auto fields = spec->fields_of(*st);
+    if (spec->counts_steps) s.tensors[prefix + "step"] = torch::tensor(fields.step, torch::kLong);
     for (const auto& [field, t] : fields.tensors) s.tensors[prefix + field] = t.cpu();
   }
 }
 
 void optimizer_from_snapshot(torch::optim::Optimizer& opt, const NamedTensors& params, const Snapshot& s,
                              c10::Device device) {
-  const auto kind = optimizer_kind_of(opt);
-  if (kind == OptimizerKind::kOther) {
+  const auto* spec = optimizer_spec_of(opt);
+  if (!spec) {
     auto it = s.tensors.find("optimizer/archive");
     MPIDDP_CHECK(it != s.tensors.end(), "snapshot: no optimizer/archive for this optimizer");
     const auto t = it->second.contiguous();
@@ -82,19 +79,66 @@ void optimizer_from_snapshot(torch::optim::Optimizer& opt, const NamedTensors& p
   for (const auto& [name, p] : params) {
     const std::string prefix = "optimizer/" + name + "/";
     ParamStateFields fields;
-    for (const auto& field : state_field_names(kind)) {
+    for (const auto& field : spec->state_fields) {
       const auto t = s.tensors.find(prefix + field);
       if (t != s.tensors.end()) fields.tensors[field] = t->second.to(device);
     }
-    if (kind == OptimizerKind::kSgd) {
-      if (fields.tensors.empty()) continue;  // no momentum (yet)
-    } else {
+    if (spec->counts_steps) {
       const auto step = s.tensors.find(prefix + "step");
       if (step == s.tensors.end()) continue;  // never stepped
       fields.step = step->second.item<int64_t>();
+    } else if (fields.tensors.empty()) {
+      continue;  // no state (yet): SGD without momentum
     }
-    state[compat::optimizer_state_key(state, p.unsafeGetTensorImpl())] = state_from_fields(kind, fields);
+    state[compat::optimizer_state_key(state, p.unsafeGetTensorImpl())] = spec->state_from(fields);
   }
+}
+
+namespace {
+
+// RunPosition's fields under their snapshot keys: the one list both directions read.
+struct IntKey {
+  const char* key;
+  int64_t RunPosition::*field;
+};
+struct RealKey {
+  const char* key;
+  double RunPosition::*field;
+};
+constexpr IntKey kIntKeys[] = {{"epoch", &RunPosition::epoch},
+                               {"step_in_epoch", &RunPosition::step_in_epoch},
+                               {"global_step", &RunPosition::global_step},
+                               {"skipped_steps", &RunPosition::skipped}};
+constexpr RealKey kRealKeys[] = {{"epoch_loss_sum", &RunPosition::loss_sum},
+                                 {"epoch_seconds", &RunPosition::seconds},
+                                 {"lr", &RunPosition::lr}};
+// fp16's loss scaler, present only when loss scaling is on (amp_loss_scale > 0).
+constexpr IntKey kScalerInts[] = {{"amp_growth_tracker", &RunPosition::growth_tracker},
+                                  {"amp_overflow_steps", &RunPosition::overflow}};
+constexpr RealKey kScaler = {"amp_loss_scale", &RunPosition::loss_scale};
+
+}  // namespace
+
+void position_to_snapshot(const RunPosition& p, Snapshot& s) {
+  for (const auto& k : kIntKeys) s.ints[k.key] = p.*k.field;
+  for (const auto& k : kRealKeys) s.reals[k.key] = p.*k.field;
+  if (p.loss_scale > 0) {
+    s.reals[kScaler.key] = p.*kScaler.field;
+    for (const auto& k : kScalerInts) s.ints[k.key] = p.*k.field;
+  }
+}
+
+RunPosition position_from_snapshot(const Snapshot& s) {
+  RunPosition p;
+  for (const auto& k : kIntKeys) p.*k.field = s.ints.at(k.key);
+  for (const auto& k : kRealKeys) {
+    if (const auto it = s.reals.find(k.key); it != s.reals.end()) p.*k.field = it->second;
+  }
+  if (const auto it = s.reals.find(kScaler.key); it != s.reals.end()) {
+    p.*kScaler.field = it->second;
+    for (const auto& k : kScalerInts) p.*k.field = s.ints.at(k.key);
+  }
+  return p;
 }
 
 std::string rng_state_bytes(c10::Device device) {

@@ -3,15 +3,20 @@
 #pragma once
 
 #include <mpiddp/snapshot.hpp>
+#include <mpiddp/gpt.hpp>
 #include <mpiddp/model.hpp>
 
 #include <torch/torch.h>
 
 #include <string>
 
+#include "train/run_position.hpp"
+
 namespace mpiddp::detail {
 
-/// "model/<name>" for every parameter and buffer.
+/// The text key of the built-in GPT's shape (GptConfig::to_json) in a snapshot of one.
+constexpr const char* kGptConfigKey = "gpt_config";
+/// "model/<name>" for every parameter and buffer; the GPT's shape under kGptConfigKey.
 void model_to_snapshot(const Model& model, Snapshot& s);
 void model_from_snapshot(Model& model, const Snapshot& s);
 
@@ -22,6 +27,12 @@ std::string optimizer_kind(const torch::optim::Optimizer& opt);
 void optimizer_to_snapshot(const torch::optim::Optimizer& opt, const NamedTensors& params, Snapshot& s);
 void optimizer_from_snapshot(torch::optim::Optimizer& opt, const NamedTensors& params, const Snapshot& s,
                              c10::Device device);
+
+/// Where the run stands: its keys written once, for saving and loading (epoch, step_in_epoch,
+/// global_step, skipped_steps as ints; epoch_loss_sum, epoch_seconds, lr as reals; fp16's scaler
+/// as amp_loss_scale, amp_growth_tracker, amp_overflow_steps when loss scaling is on).
+void position_to_snapshot(const RunPosition& p, Snapshot& s);
+RunPosition position_from_snapshot(const Snapshot& s);
 
 /// This rank's RNG states (the CPU generator's, and the GPU's when `device` is one), packed.
 std::string rng_state_bytes(c10::Device device);

@@ -54,11 +54,7 @@ std::string Trainer::save(const detail::RunPosition& p) {
         std::memcpy(t.data_ptr(), script.data(), script.size());
         s.tensors["torchscript"] = t;
       }
-      s.ints = {{"epoch", p.epoch},
-                {"step_in_epoch", p.step_in_epoch},
-                {"global_step", p.global_step},
-                {"skipped_steps", p.skipped},
-                {"steps_per_epoch", steps_per_epoch_},
+      s.ints = {{"steps_per_epoch", steps_per_epoch_},
                 {"world_size", runtime_.size()},
                 {"threads", torch::get_num_threads()},
                 {"batch_size", o.batch_size},
@@ -68,13 +64,8 @@ std::string Trainer::save(const detail::RunPosition& p) {
                 {"sampler_position", p.step_in_epoch * o.samples_per_step()},
                 {"sampler_shuffle", o.shuffle ? 1 : 0},
                 {"sampler_drop_last", o.drop_last ? 1 : 0}};
-      s.reals = {{"epoch_loss_sum", p.loss_sum}, {"epoch_seconds", p.seconds}, {"lr", p.lr},
-                 {"created_unix_s", detail::unix_seconds()}};
-      if (p.loss_scale > 0) {  // fp16: the scaler continues where it was
-        s.reals["amp_loss_scale"] = p.loss_scale;
-        s.ints["amp_growth_tracker"] = p.growth_tracker;
-        s.ints["amp_overflow_steps"] = p.overflow;
-      }
+      s.reals = {{"created_unix_s", detail::unix_seconds()}};
+      detail::position_to_snapshot(p, s);  // fp16: the scaler continues where it was
       s.texts = {{"model", model_->description()},
                  {"optimizer", detail::optimizer_kind(*optimizer_)},
                  {"model_fingerprint", fingerprint()},
@@ -175,18 +166,7 @@ std::optional<detail::RunPosition> Trainer::restore(const std::function<void(con
   const int source = runtime_.rank() < saved_world ? runtime_.rank() : 0;
   detail::set_rng_state(o.device, s.tensors.at("rng/rank" + std::to_string(source)));
 
-  detail::RunPosition p;
-  p.epoch = s.ints.at("epoch");
-  p.step_in_epoch = s.ints.at("step_in_epoch");
-  p.global_step = s.ints.at("global_step");
-  p.skipped = s.ints.at("skipped_steps");
-  p.loss_sum = s.reals.at("epoch_loss_sum");
-  p.seconds = s.reals.at("epoch_seconds");
-  if (s.reals.count("amp_loss_scale")) {
-    p.loss_scale = s.reals.at("amp_loss_scale");
-    p.growth_tracker = s.ints.at("amp_growth_tracker");
-    p.overflow = s.ints.at("amp_overflow_steps");
-  }
+  detail::RunPosition p = detail::position_from_snapshot(s);
   // Samples per rank per step: the batch times the micro-steps (snapshots before grad_accum: 1).
   const int64_t saved_batch = s.ints.at("batch_size") * (s.ints.count("grad_accum") ? s.ints.at("grad_accum") : 1);
   if (saved_world != runtime_.size() || saved_batch != o.samples_per_step()) {

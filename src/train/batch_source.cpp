@@ -8,6 +8,10 @@
 
 namespace mpiddp::detail {
 
+DistributedSampler sampler_for(const SampleSet& data, const TrainerOptions& options, const Runtime& runtime) {
+  return DistributedSampler(data.size(), runtime.rank(), runtime.size(), options.shuffle, options.seed, options.drop_last);
+}
+
 namespace {
 
 // Steps whose batches a cached set gathers at once: up to 8 MiB of float inputs.
@@ -46,7 +50,7 @@ BatchSource::BatchSource(SampleSet& data, const TrainerOptions& options, const R
       first_offset_(plan.offset(from)),
       first_global_(from.global_step),
       block_steps_(steps_per_block(data, options.samples_per_step())),
-      sampler_(data.size(), runtime.rank(), runtime.size(), options.shuffle, options.seed, options.drop_last),
+      sampler_(sampler_for(data, options, runtime)),
       batches_([this](int64_t i) { return read(i); }, plan.steps_left(from), depth) {}
 
 Example BatchSource::read(int64_t i) {

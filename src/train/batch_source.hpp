@@ -17,6 +17,10 @@
 
 namespace mpiddp::detail {
 
+/// The sampler this rank draws its samples from (the options' shuffle, seed and drop_last): the one
+/// rule, for the batches and for counting the steps of an epoch.
+DistributedSampler sampler_for(const SampleSet& data, const TrainerOptions& options, const Runtime& runtime);
+
 class BatchSource {
  public:
   /// How many batches to read ahead (0: on the training thread); opens the set for collective

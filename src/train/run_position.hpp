@@ -46,6 +46,8 @@ struct RunPlan {
   bool epoch_running(const RunPosition& p) const {
     return p.step_in_epoch < steps_per_epoch && p.global_step < total_steps;
   }
+  /// Whether every step of the epoch at `p` is taken (not cut short by total_steps).
+  bool epoch_done(const RunPosition& p) const { return p.step_in_epoch >= steps_per_epoch; }
   /// Whether the epoch just finished at `p` is the run's last.
   bool last_epoch(const RunPosition& p) const { return p.epoch + 1 == epochs || p.global_step >= total_steps; }
   /// Steps from the start of epoch 0 to `p` in the loop's order (the batch source's index).

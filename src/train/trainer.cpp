@@ -9,6 +9,7 @@
 // Option rules are in trainer_options.cpp, the task in task.cpp, losses in loss.cpp, schedules in
 // lr_schedule.cpp.
 #include <mpiddp/snapshot.hpp>
+#include <mpiddp/backends.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
@@ -86,9 +87,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
   MPIDDP_CHECK(model_ && optimizer_, "Trainer needs a model and an optimizer");
   o.validate(nullptr, runtime.rank());
   if (o.precision == c10::kHalf) [[maybe_unused]] GradScaler check(o.device, o.loss_scaling);  // throws where it cannot
-  if (o.device.is_cuda()) {
-    MPIDDP_CHECK(torch::cuda::is_available(), "device cuda: this libtorch has no CUDA or no GPU is visible");
-  }
+  check_backend(pg_.backend(), o.device, runtime, "TrainerOptions::device " + o.device.str());
   MPIDDP_CHECK(pg_.size() == runtime.size() && pg_.rank() == runtime.rank(),
                "the Trainer's process group must span the runtime's ranks");
   // Only rank 0 writes snapshots: it alone needs the directory.
@@ -123,8 +122,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model
 
   check_model_fits_data();
 
-  DistributedSampler sampler(info.samples, runtime.rank(), runtime.size(), o.shuffle, o.seed, o.drop_last);
-  steps_per_epoch_ = sampler.num_samples() / o.samples_per_step();
+  steps_per_epoch_ = detail::sampler_for(*train_, o, runtime).num_samples() / o.samples_per_step();
   MPIDDP_CHECK(steps_per_epoch_ > 0, "fewer samples than ranks x batch: " + std::to_string(info.samples) +
                                          " samples cannot fill one batch of " + std::to_string(o.batch_size) +
                                          (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") +
@@ -264,7 +262,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   auto snapshot = [&](RunPosition at) {
     auto hold = batches.pause();  // HDF5 is not thread-safe: the reader waits
     update.save_state(at);
-    const auto whole = update.whole_optimizer_state();
+    const detail::GatheredState whole = update.whole_optimizer_state();
     return save(at);
   };
   double first_step_unix_s = 0;
@@ -306,7 +304,8 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       auto hold = batches.pause();  // the callback may use HDF5 too
       on_epoch(m, rank_lines(p));
     }
-    if (snapshots.after_epoch(p, plan.last_epoch(p))) result.last_snapshot = snapshot(p.next_epoch());
+    // A run that --max-steps ends inside an epoch resumes there, not at the next epoch.
+    if (snapshots.after_epoch(p, plan.last_epoch(p))) result.last_snapshot = snapshot(plan.epoch_done(p) ? p.next_epoch() : p);
   }
   result.global_step = p.global_step;
   return result;

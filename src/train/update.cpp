@@ -1,5 +1,9 @@
 #include "train/update.hpp"
 
+#include <mpiddp/optim.hpp>
+
+#include <cmath>
+
 namespace mpiddp::detail {
 
 Update::Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
@@ -21,7 +25,7 @@ bool Update::apply() {
       if (clip_grad_norm_ > 0) zero_->clip_grad_norm(clip_grad_norm_);
       zero_->step();
     } else {
-      if (clip_grad_norm_ > 0) torch::nn::utils::clip_grad_norm_(params_, clip_grad_norm_);
+      if (clip_grad_norm_ > 0) clip_grads_to(params_, std::sqrt(grad_squared_norm(params_).item<double>()), clip_grad_norm_);
       optimizer_.step();
     }
   }
@@ -29,10 +33,12 @@ bool Update::apply() {
   return !overflow;
 }
 
-std::shared_ptr<void> Update::whole_optimizer_state() {
-  if (!zero_) return nullptr;  // the optimizer holds it already
-  zero_->gather_state(0);
-  return std::shared_ptr<void>(nullptr, [zero = zero_.get()](void*) { zero->drop_gathered_state(); });
+GatheredState::GatheredState(ZeroOptimizer* zero) : zero_(zero) {
+  if (zero_) zero_->gather_state(0);
+}
+
+GatheredState::~GatheredState() {
+  if (zero_) zero_->drop_gathered_state();
 }
 
 void Update::save_state(RunPosition& p) const {

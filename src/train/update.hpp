@@ -17,11 +17,27 @@
 
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "train/run_position.hpp"
 
 namespace mpiddp::detail {
+
+/// While alive, the optimizer holds its whole state on rank 0, as a snapshot reads it: under ZeRO
+/// gathered from the shards (collective) and dropped again at its end; otherwise it holds it anyway.
+class GatheredState {
+ public:
+  explicit GatheredState(ZeroOptimizer* zero);
+  ~GatheredState();
+  GatheredState(GatheredState&& other) noexcept : zero_(std::exchange(other.zero_, nullptr)) {}
+  GatheredState(const GatheredState&) = delete;
+  GatheredState& operator=(const GatheredState&) = delete;
+  GatheredState& operator=(GatheredState&&) = delete;
+
+ private:
+  ZeroOptimizer* zero_;
+};
 
 class Update {
  public:
@@ -39,9 +55,8 @@ class Update {
   void save_state(RunPosition& p) const;
   /// The loss scale now (0: no loss scaling).
   double loss_scale() const { return scaler_ ? scaler_->scale_value() : 0.0; }
-  /// While the returned guard lives, the optimizer holds its whole state on rank 0, as a snapshot
-  /// reads it (under ZeRO gathered from the shards, and dropped again with the guard).
-  std::shared_ptr<void> whole_optimizer_state();
+  /// The optimizer's whole state on rank 0 while the result lives (collective under ZeRO).
+  GatheredState whole_optimizer_state() { return GatheredState(zero_.get()); }
 
  private:
   torch::optim::Optimizer& optimizer_;

@@ -15,28 +15,11 @@ namespace {
 constexpr const char* kUnshardable =
     "ZeRO shards SGD, Adam and AdamW (and mpiddp's FusedAdam, FusedAdamW); this optimizer is none of them";
 
-// An optimizer of the given one's type and defaults over `groups` (the shards).
-std::unique_ptr<torch::optim::Optimizer> same_kind_over(const torch::optim::Optimizer& like,
-                                                        std::vector<torch::optim::OptimizerParamGroup> groups) {
-  auto defaults = [&like](auto options) {  // the given optimizer's defaults, as that type
-    return static_cast<const decltype(options)&>(like.defaults());
-  };
-  if (dynamic_cast<const FusedAdamW*>(&like)) {
-    return std::make_unique<FusedAdamW>(std::move(groups), defaults(torch::optim::AdamWOptions()));
-  }
-  if (dynamic_cast<const FusedAdam*>(&like)) {
-    return std::make_unique<FusedAdam>(std::move(groups), defaults(torch::optim::AdamOptions()));
-  }
-  switch (optimizer_kind_of(like)) {
-    case OptimizerKind::kSgd:
-      return std::make_unique<torch::optim::SGD>(std::move(groups), defaults(torch::optim::SGDOptions(0)));
-    case OptimizerKind::kAdam:
-      return std::make_unique<torch::optim::Adam>(std::move(groups), defaults(torch::optim::AdamOptions()));
-    case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(std::move(groups), defaults(torch::optim::AdamWOptions()));
-    case OptimizerKind::kOther: break;
-  }
-  MPIDDP_THROW(kUnshardable);
+// The optimizer table's row of `opt`; mpiddp::Error for one ZeRO cannot shard.
+const OptimizerSpec& shardable(const torch::optim::Optimizer& opt) {
+  const auto* spec = optimizer_spec_of(opt);
+  MPIDDP_CHECK(spec, kUnshardable);
+  return *spec;
 }
 
 }  // namespace
@@ -45,7 +28,7 @@ ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimiz
     : ddp_(ddp), pg_(ddp.process_group()), outer_(optimizer) {
   MPIDDP_CHECK(stage() >= 1, "ZeroOptimizer needs a DistributedDataParallel that reduces with zero_reduction(1 or 2) "
                              "(DdpOptions::reduction)");
-  MPIDDP_CHECK(optimizer_kind_of(optimizer) != OptimizerKind::kOther, kUnshardable);
+  shardable(optimizer);
   const auto& params = ddp.parameters();
   std::map<const void*, size_t> index;
   for (size_t i = 0; i < params.size(); ++i) index[params[i].unsafeGetTensorImpl()] = i;
@@ -88,7 +71,7 @@ ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimiz
     inner_groups.emplace_back(std::move(mine), groups[g].options().clone());
     outer_group_.push_back(g);
   }
-  if (!inner_groups.empty()) inner_ = same_kind_over(outer_, std::move(inner_groups));
+  if (!inner_groups.empty()) inner_ = shardable(outer_).same_kind_over(outer_, std::move(inner_groups));
   take_state();
 }
 
@@ -104,32 +87,26 @@ int64_t ZeroOptimizer::owned_numel() const {
 
 void ZeroOptimizer::take_state() {
   // A resumed run's state is whole in the given optimizer: each piece keeps its slice of it.
-  const auto kind = optimizer_kind_of(outer_);
+  const auto& spec = shardable(outer_);
   const auto& params = ddp_.parameters();
   for (size_t k = 0; k < pieces_.size() && inner_; ++k) {
     const auto* whole = state_of(outer_, params[pieces_[k].param]);
     if (!whole) continue;
-    auto fields = state_fields(kind, *whole);
+    auto fields = spec.fields_of(*whole);
     for (auto& [name, t] : fields.tensors) t = t.reshape(-1).narrow(0, pieces_[k].in_param, pieces_[k].numel).clone();
     auto& state = inner_->state();
-    state[compat::optimizer_state_key(state, shards_[k].unsafeGetTensorImpl())] = state_from_fields(kind, fields);
+    state[compat::optimizer_state_key(state, shards_[k].unsafeGetTensorImpl())] = spec.state_from(fields);
   }
   outer_.state().clear();
 }
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
-  torch::NoGradGuard no_grad;
+  // The shards' squared norms summed over the ranks: the global norm DDP's whole gradients give.
   const auto& params = ddp_.parameters();
   const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
-  auto squares = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  for (const auto& s : shards_) squares += s.grad().norm().to(torch::kDouble).pow(2);
+  auto squares = grad_squared_norm(shards_).to(device).reshape({1});  // on the group's device
   pg_.allreduce(squares, ReduceOp::kSum);
-  const double norm = std::sqrt(squares.cpu().item<double>());
-  const double coef = max_norm / (norm + 1e-6);  // torch::nn::utils::clip_grad_norm_'s rule
-  if (coef < 1) {
-    for (auto& s : shards_) s.mutable_grad().mul_(coef);
-  }
-  return norm;
+  return clip_grads_to(shards_, std::sqrt(squares.cpu().item<double>()), max_norm);
 }
 
 void ZeroOptimizer::step() {
@@ -181,9 +158,9 @@ void ZeroOptimizer::for_each_in_slice(size_t bucket,
 
 void ZeroOptimizer::gather_state(int root) {
   torch::NoGradGuard no_grad;
-  const auto kind = optimizer_kind_of(outer_);
+  const auto& spec = shardable(outer_);
   const auto& params = ddp_.parameters();
-  const auto names = state_field_names(kind);
+  const auto& names = spec.state_fields;
   // Which fields each parameter has and its step: every rank learns them from the owners.
   const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   // known[i][0]: parameter i's step + 1 (0: no state yet); known[i][1 + f]: whether it has field f.
@@ -195,7 +172,7 @@ void ZeroOptimizer::gather_state(int root) {
     for (size_t k = 0; k < pieces_.size() && inner_; ++k) {
       const auto* st = state_of(*inner_, shards_[k]);
       if (!st) continue;
-      const auto fields = state_fields(kind, *st);
+      const auto fields = spec.fields_of(*st);
       piece_fields[k] = fields.tensors;
       const auto i = static_cast<int64_t>(pieces_[k].param);
       mine[i][0] = fields.step + 1;
@@ -236,7 +213,7 @@ void ZeroOptimizer::gather_state(int root) {
     const int64_t step = has[static_cast<int64_t>(i)][0];
     if (step == 0) continue;
     whole[i].step = step - 1;
-    state[compat::optimizer_state_key(state, params[i].unsafeGetTensorImpl())] = state_from_fields(kind, whole[i]);
+    state[compat::optimizer_state_key(state, params[i].unsafeGetTensorImpl())] = spec.state_from(whole[i]);
   }
 }
 

@@ -295,21 +295,21 @@ TEST(Zero, GatheredStateIsDdpsAndResumes) {
     const bool root = zero.ddp->process_group().rank() == 0;
     double worst = 0;
     size_t states = 0;
-    const auto kind = mpiddp::OptimizerKind::kAdamW;
+    const auto& adamw = *mpiddp::find_optimizer("adamw");
     for (const auto& p : distinct(zero.model->parameters())) {
       const auto& state = zero.optimizer->state();
       const auto it = state.find(mpiddp::compat::optimizer_state_key(state, p.unsafeGetTensorImpl()));
       if (it == state.end()) continue;
       ++states;
-      const auto mine = mpiddp::state_fields(kind, *it->second);
+      const auto mine = adamw.fields_of(*it->second);
       // The same parameter of the DDP run: same position in the distinct list.
       const auto mine_params = distinct(zero.model->parameters()), ref_params = distinct(ddp.model->parameters());
       const auto k = static_cast<size_t>(std::find_if(mine_params.begin(), mine_params.end(),
                                                       [&](const auto& q) { return q.is_same(p); }) -
                                          mine_params.begin());
       const auto& ref_state = ddp.optimizer->state();
-      const auto ref = mpiddp::state_fields(
-          kind, *ref_state.at(mpiddp::compat::optimizer_state_key(ref_state, ref_params[k].unsafeGetTensorImpl())));
+      const auto ref =
+          adamw.fields_of(*ref_state.at(mpiddp::compat::optimizer_state_key(ref_state, ref_params[k].unsafeGetTensorImpl())));
       worst = std::max(worst, mine.step == ref.step ? 0.0 : 1e9);
       for (const auto& [name, t] : ref.tensors) worst = std::max(worst, (mine.tensors.at(name) - t).abs().max().item<double>());
     }

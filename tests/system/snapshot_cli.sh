@@ -76,6 +76,17 @@ if [ -f "$tmp/fm-small.h5" ]; then
   run_np 2 "$mpiddp" "${cnn[@]}" --snapshot-dir "$tmp/mid2" --resume "$tmp/mid2/snapshot-step0000000020.h5"
   check "resume FILE at a mid-epoch step: says where" contains "^Resuming training from snapshot at Epoch 2, step 8 (global step 20" "$out"
   check "resume FILE at a mid-epoch step: bitwise equal final state" same_state "$tmp/ref2/latest.h5" "$tmp/mid2/latest.h5"
+  # A run that --max-steps stops inside an epoch saves that step, not the next epoch's start: rerun
+  # with the whole length, it resumes there and ends where the uninterrupted run does (a constant
+  # rate: a schedule follows the run's length).
+  plain=(train --model cnn --data "$tmp/fm-small.h5" --epochs 2 --batch-size 16 --optimizer adam --lr 0.001 --threads 1)
+  run_np 2 "$mpiddp" "${plain[@]}" --snapshot-dir "$tmp/plain"
+  run_np 2 "$mpiddp" "${plain[@]}" --snapshot-dir "$tmp/maxsteps" --max-steps 18
+  check "--max-steps 18 (epoch 2, step 6): the last snapshot is step 18" [ "$(latest_step "$tmp/maxsteps")" -eq 18 ]
+  run_np 2 "$mpiddp" "${plain[@]}" --snapshot-dir "$tmp/maxsteps" --resume auto
+  check "... rerun without the cap: resumes mid-epoch" \
+    contains "^Resuming training from snapshot at Epoch 2, step 6 (global step 18" "$out"
+  check "... and ends bitwise equal to the uninterrupted run" same_state "$tmp/plain/latest.h5" "$tmp/maxsteps/latest.h5"
 
   # Readable with the HDF5 tools and h5py.
   snap=$tmp/ref2/latest.h5

@@ -104,7 +104,9 @@ for how in "ref 0 0" "moved 2 1"; do
     --zero-stage "$then" --snapshot-dir "$tmp/$d" --resume auto
 done
 check "stage 2 on 3 ranks resumed at stage 1 on 2: resumes at step 4" contains "Resuming training from snapshot at Epoch 1, step 4" "$out"
-check "... ends where stage 0 ends after the same moves (1e-6)" close "$tmp/moved/latest.h5" "$tmp/ref/latest.h5" model 1e-6
+# 1e-5: at 3 ranks the reduce-scatter and the all-reduce add three numbers in different orders (one
+# rounding apart), and AdamW's first steps divide by second moments still near zero.
+check "... ends where stage 0 ends after the same moves (1e-5)" close "$tmp/moved/latest.h5" "$tmp/ref/latest.h5" model 1e-5
 run_np 1 "$mpiddp" train --model mlp --data "$tmp/syn.h5" --batch-size 12 --max-steps 12 "${opts[@]}" \
   --snapshot-dir "$tmp/moved" --resume auto
 check "... and again at stage 0 on 1 rank" [ "$rc" -eq 0 ]

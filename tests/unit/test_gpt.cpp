@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "error_of.hpp"
+#include "snapshot/snapshot_codec.hpp"
 
 using mpiddp::testing::error_of;
 
@@ -142,4 +143,26 @@ TEST(CosineLr, IsNanoGptsGetLr) {
     EXPECT_NEAR(f({it, 0, 100}), want, 1e-12) << it;
   }
   EXPECT_DOUBLE_EQ(f({150, 0, 100}), 0.1);
+}
+
+TEST(Gpt, SnapshotRecordsItsShapeWhoeverTrainsIt) {
+  // The snapshot codec (what Trainer::save writes, through the library or the CLI) records the
+  // GPT's shape itself, so `mpiddp generate` needs no CLI options to rebuild it; other models none.
+  auto cfg = small(3, false);
+  cfg.dropout = 0.25;
+  cfg.vocab_size = 321;
+  mpiddp::Snapshot s;
+  mpiddp::detail::model_to_snapshot(*mpiddp::wrap_module(mpiddp::Gpt(cfg), "gpt"), s);
+  ASSERT_EQ(s.texts.count(mpiddp::detail::kGptConfigKey), 1U);
+  const auto back = mpiddp::GptConfig::from_json(s.texts.at(mpiddp::detail::kGptConfigKey));
+  EXPECT_EQ(back.n_layer, 3);
+  EXPECT_EQ(back.n_head, cfg.n_head);
+  EXPECT_EQ(back.n_embd, cfg.n_embd);
+  EXPECT_EQ(back.block_size, cfg.block_size);
+  EXPECT_EQ(back.vocab_size, 321);
+  EXPECT_EQ(back.bias, false);
+  EXPECT_EQ(back.dropout, 0.25);
+  mpiddp::Snapshot other;
+  mpiddp::detail::model_to_snapshot(*mpiddp::wrap_module(torch::nn::Linear(3, 2), "linear"), other);
+  EXPECT_EQ(other.texts.count(mpiddp::detail::kGptConfigKey), 0U);
 }

@@ -1,0 +1,36 @@
+// Global-norm clipping (optim.hpp): the norm in float64, the factor by PyTorch's rule.
+#include <mpiddp/optim.hpp>
+
+#include <torch/torch.h>
+
+namespace mpiddp {
+
+torch::Tensor grad_squared_norm(const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor sum;
+  for (const auto& p : params) {
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    // Each float product is exact in float64; only the additions round, at float64's precision.
+    auto squares = g.to(torch::kDouble).pow(2).sum();
+    sum = sum.defined() ? sum + squares : squares;
+  }
+  if (!sum.defined()) {
+    const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+    sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  }
+  return sum;
+}
+
+double clip_grads_to(const std::vector<torch::Tensor>& params, double norm, double max_norm) {
+  torch::NoGradGuard no_grad;
+  const double factor = max_norm / (norm + 1e-6);  // torch::nn::utils::clip_grad_norm_'s rule
+  if (factor < 1) {
+    for (const auto& p : params) {
+      if (p.grad().defined()) p.grad().mul_(factor);
+    }
+  }
+  return norm;
+}
+
+}  // namespace mpiddp
