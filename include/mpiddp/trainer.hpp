@@ -173,6 +173,15 @@ struct FitResult {
   std::string last_snapshot;    ///< the newest snapshot this run wrote ("" : none)
 };
 
+/// What a ModelFactory makes: the model and its optimizer (which must hold only the model's parameters).
+struct ModelAndOptimizer {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+};
+/// Makes the model for the training set's shape (its inputs, classes or vocabulary), once the
+/// Trainer has opened the set: the set is opened once, whoever needs its shape.
+using ModelFactory = std::function<ModelAndOptimizer(const DatasetInfo& data)>;
+
 class Trainer {
  public:
   /// Checks the options, opens the datasets and runs the model once on two samples (evaluation
@@ -181,6 +190,9 @@ class Trainer {
   /// hold the model's parameters.
   Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model> model,
           std::shared_ptr<torch::optim::Optimizer> optimizer, TrainerOptions options);
+  /// The same, the model made by `make` from the training set once it is open (`mpiddp train`
+  /// builds its model so).
+  Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& make, TrainerOptions options);
   ~Trainer();
 
   /// Trains (collective), resuming from a snapshot as options().resume says. `on_epoch` runs on
@@ -201,6 +213,9 @@ class Trainer {
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
 
  private:
+  void check_options() const;
+  void open_data();
+  void adopt(ModelAndOptimizer made);
   std::string fingerprint() const;
   std::optional<detail::RunPosition> restore(const std::function<void(const std::string&)>& note, std::string* from);
   std::string save(const detail::RunPosition& p);

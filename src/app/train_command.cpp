@@ -302,19 +302,23 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
   return threads;
 }
 
-// The model (fresh, or from --init-from), its optimizer and the Trainer. Local: no collective.
+// The model (fresh, or from --init-from) for the training set the Trainer opens, its optimizer and
+// the Trainer. Local: no collective.
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, int threads, Runtime& runtime, ProcessGroup& pg) {
   torch::set_num_threads(threads);
   torch::manual_seed(c.t.seed);  // the same initial model on every rank (DDP broadcasts rank 0's anyway)
-  auto model = make_model(c.model, open_sample_set(c.t.data, c.t)->info(), c.gpt);
-  if (!c.init_from.empty()) {
-    try {
-      load_named(*model, read_state_dict(c.init_from));
-    } catch (const Error& e) {
-      MPIDDP_THROW("--init-from '" + c.init_from + "': " + e.message());
+  const auto make = [&c](const DatasetInfo& data) {
+    auto model = make_model(c.model, data, c.gpt);
+    if (!c.init_from.empty()) {
+      try {
+        load_named(*model, read_state_dict(c.init_from));
+      } catch (const Error& e) {
+        MPIDDP_THROW("--init-from '" + c.init_from + "': " + e.message());
+      }
     }
-  }
-  return std::make_unique<Trainer>(runtime, pg, model, make_optimizer(c, *model), c.t);
+    return ModelAndOptimizer{model, make_optimizer(c, *model)};
+  };
+  return std::make_unique<Trainer>(runtime, pg, make, c.t);
 }
 
 void print_start(Trainer& trainer, const TrainConfig& c, int threads, const Runtime& runtime) {

@@ -11,8 +11,9 @@ torch::Tensor grad_squared_norm(const std::vector<torch::Tensor>& params) {
   for (const auto& p : params) {
     const auto& g = p.grad();
     if (!g.defined()) continue;
-    // Each float product is exact in float64; only the additions round, at float64's precision.
-    auto squares = g.to(torch::kDouble).pow(2).sum();
+    // Each element's square rounds alike wherever the element lies; the sum is float64's, so the
+    // order of the additions (the partition) moves it only at float64's precision. No float64 copy.
+    auto squares = g.pow(2).sum(torch::kDouble);
     sum = sum.defined() ? sum + squares : squares;
   }
   if (!sum.defined()) {

@@ -81,54 +81,69 @@ class EpochClock {
 
 Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model> model,
                  std::shared_ptr<torch::optim::Optimizer> optimizer, TrainerOptions options)
-    : runtime_(runtime), pg_(pg), model_(std::move(model)), optimizer_(std::move(optimizer)),
-      options_(std::move(options)) {
+    : Trainer(runtime, pg, [&](const DatasetInfo&) { return ModelAndOptimizer{model, optimizer}; }, std::move(options)) {}
+
+Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& make, TrainerOptions options)
+    : runtime_(runtime), pg_(pg), options_(std::move(options)) {
+  check_options();
+  open_data();
+  adopt(make(train_->info()));
   const auto& o = options_;
-  MPIDDP_CHECK(model_ && optimizer_, "Trainer needs a model and an optimizer");
-  o.validate(nullptr, runtime.rank());
-  if (o.precision == c10::kHalf) [[maybe_unused]] GradScaler check(o.device, o.loss_scaling);  // throws where it cannot
-  check_backend(pg_.backend(), o.device, runtime, "TrainerOptions::device " + o.device.str());
-  MPIDDP_CHECK(pg_.size() == runtime.size() && pg_.rank() == runtime.rank(),
-               "the Trainer's process group must span the runtime's ranks");
-  // Only rank 0 writes snapshots: it alone needs the directory.
-  if (!o.snapshot_dir.empty() && runtime.rank() == 0) SnapshotDir(o.snapshot_dir).ensure_writable();
-  // Every parameter the optimizer steps must be the model's (else DDP would not average it).
-  {
-    std::set<const void*> mine;
-    for (const auto& p : model_->named_parameters()) mine.insert(p.second.unsafeGetTensorImpl());
-    for (const auto& g : optimizer_->param_groups()) {
-      for (const auto& p : g.params()) {
-        MPIDDP_CHECK(mine.count(p.unsafeGetTensorImpl()), "the optimizer holds a tensor that is not a parameter of the model");
-      }
-      base_lrs_.push_back(g.options().get_lr());
-    }
-  }
-
-  train_ = open_sample_set(o.data, o);
-  train_->cache(o.cache_bytes);
-  const auto& info = train_->info();
-  task_ = detail::task_of(info);
-  if (!options_.loss) options_.loss = task_->default_loss();
-  if (!o.test_data.empty()) {
-    test_ = open_sample_set(o.test_data, o);
-    test_->cache(o.cache_bytes);
-    const auto& t = test_->info();
-    MPIDDP_CHECK(t.sample_shape == info.sample_shape && t.classification == info.classification &&
-                     t.target_dim == info.target_dim,
-                 "test set '" + o.test_data + "' does not match the training set: inputs " +
-                     shape_text(t.sample_shape) + " vs " + shape_text(info.sample_shape));
-  }
-  model_->to(o.device);
-
-  check_model_fits_data();
-
   steps_per_epoch_ = detail::sampler_for(*train_, o, runtime).num_samples() / o.samples_per_step();
-  MPIDDP_CHECK(steps_per_epoch_ > 0, "fewer samples than ranks x batch: " + std::to_string(info.samples) +
+  MPIDDP_CHECK(steps_per_epoch_ > 0, "fewer samples than ranks x batch: " + std::to_string(train_->info().samples) +
                                          " samples cannot fill one batch of " + std::to_string(o.batch_size) +
                                          (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") +
                                          " on each of " + std::to_string(runtime.size()) + " ranks");
   // Rank 0's files, last: every check above has passed before anything is created.
   logs_ = std::make_unique<detail::RunLogs>(o, runtime.rank());
+}
+
+void Trainer::check_options() const {
+  const auto& o = options_;
+  o.validate(nullptr, runtime_.rank());
+  if (o.precision == c10::kHalf) [[maybe_unused]] GradScaler check(o.device, o.loss_scaling);  // throws where it cannot
+  check_backend(pg_.backend(), o.device, runtime_, "TrainerOptions::device " + o.device.str());
+  MPIDDP_CHECK(pg_.size() == runtime_.size() && pg_.rank() == runtime_.rank(),
+               "the Trainer's process group must span the runtime's ranks");
+  // Only rank 0 writes snapshots: it alone needs the directory.
+  if (!o.snapshot_dir.empty() && runtime_.rank() == 0) SnapshotDir(o.snapshot_dir).ensure_writable();
+}
+
+// The training set (opened once: the model factory reads its shape from it), its task, the
+// default loss, and the test set, which must match it.
+void Trainer::open_data() {
+  const auto& o = options_;
+  train_ = open_sample_set(o.data, o);
+  train_->cache(o.cache_bytes);
+  const auto& info = train_->info();
+  task_ = detail::task_of(info);
+  if (!options_.loss) options_.loss = task_->default_loss();
+  if (o.test_data.empty()) return;
+  test_ = open_sample_set(o.test_data, o);
+  test_->cache(o.cache_bytes);
+  const auto& t = test_->info();
+  MPIDDP_CHECK(t.sample_shape == info.sample_shape && t.classification == info.classification &&
+                   t.target_dim == info.target_dim,
+               "test set '" + o.test_data + "' does not match the training set: inputs " + shape_text(t.sample_shape) +
+                   " vs " + shape_text(info.sample_shape));
+}
+
+// The model and its optimizer, checked against each other and the data, on the training device.
+void Trainer::adopt(ModelAndOptimizer made) {
+  model_ = std::move(made.model);
+  optimizer_ = std::move(made.optimizer);
+  MPIDDP_CHECK(model_ && optimizer_, "Trainer needs a model and an optimizer");
+  // Every parameter the optimizer steps must be the model's (else DDP would not average it).
+  std::set<const void*> mine;
+  for (const auto& p : model_->named_parameters()) mine.insert(p.second.unsafeGetTensorImpl());
+  for (const auto& g : optimizer_->param_groups()) {
+    for (const auto& p : g.params()) {
+      MPIDDP_CHECK(mine.count(p.unsafeGetTensorImpl()), "the optimizer holds a tensor that is not a parameter of the model");
+    }
+    base_lrs_.push_back(g.options().get_lr());
+  }
+  model_->to(options_.device);
+  check_model_fits_data();
 }
 
 void Trainer::check_model_fits_data() {
