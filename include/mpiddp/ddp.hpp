@@ -60,7 +60,8 @@ struct DdpOptions {
   /// Values whose mean over the ranks each reducing backward computes beside the gradients, with no
   /// collective of its own when the reduction averages whole buffers (they ride at the end of the
   /// last bucket: see reduction.hpp). Write mean_tail() before a reducing backward, read the ranks'
-  /// mean there after it (in the bucket's dtype, rounded like the gradients when compressed). The
+  /// mean there after it (in the last bucket's dtype and, riding there, rounded like its gradients
+  /// when compressed; travelling alone, float32 and uncompressed). The
   /// Trainer's per-step agreement (stop and non-finite loss flags) travels here.
   int64_t mean_tail_values = 0;
 };

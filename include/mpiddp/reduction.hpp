@@ -53,7 +53,8 @@ class GradientReduction {
   /// of it). False: the buffer lives from a bucket's first gradient to the end of its collective,
   /// and the average lives in owned_gradient() alone.
   virtual bool keeps_buffer() const { return true; }
-  /// Once, before any launch: the buckets (padded already), the options of each bucket's buffer.
+  /// Once, before any launch: the buckets (padded already), the options of each bucket's buffer. A
+  /// reduction serves one DDP (attaching it twice is an error).
   virtual void attach(const std::vector<BucketLayout>& buckets, const std::vector<torch::TensorOptions>& options,
                       ProcessGroup& pg) = 0;
   /// Starts bucket b's collective over `buffer` (the bucket's summed gradients, and the mean tail

@@ -114,7 +114,7 @@ struct TrainerOptions {
   /// epoch/test_accuracy, epoch/samples_per_s, epoch/seconds, epoch/lr after each epoch; the
   /// run's options (run_config) as text. x axis: the global step. Opened by the constructor.
   std::string tensorboard_dir;
-  // Snapshots (see checkpoint.hpp): written by rank 0, read by rank 0 and broadcast.
+  // Snapshots (see snapshot.hpp): written by rank 0, read by rank 0 and broadcast.
   std::string snapshot_dir;   ///< "" : no snapshots
   int64_t save_every = 1;     ///< epochs between snapshots (0: only at the end)
   int64_t save_every_steps = 0;  ///< steps between snapshots (0: none mid-epoch)

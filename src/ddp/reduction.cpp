@@ -27,6 +27,7 @@ class AllReduce : public GradientReduction {
 
   void attach(const std::vector<BucketLayout>& buckets, const std::vector<torch::TensorOptions>& options,
               ProcessGroup& pg) override {
+    MPIDDP_CHECK(pg_ == nullptr, "a GradientReduction serves one DistributedDataParallel: make one per DDP");
     pg_ = &pg;
     buckets_ = buckets;
     divisors_ = detail::divisors(options, pg.size());

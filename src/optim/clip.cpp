@@ -13,7 +13,9 @@ torch::Tensor grad_squared_norm(const std::vector<torch::Tensor>& params) {
     if (!g.defined()) continue;
     // Each element's square rounds alike wherever the element lies; the sum is float64's, so the
     // order of the additions (the partition) moves it only at float64's precision. No float64 copy.
-    auto squares = g.pow(2).sum(torch::kDouble);
+    // float16/bfloat16 gradients are squared in float32 (a float16 above 256 would square to Inf).
+    const bool reduced = g.scalar_type() == torch::kHalf || g.scalar_type() == torch::kBFloat16;
+    auto squares = (reduced ? g.to(torch::kFloat) : g).pow(2).sum(torch::kDouble);
     sum = sum.defined() ? sum + squares : squares;
   }
   if (!sum.defined()) {

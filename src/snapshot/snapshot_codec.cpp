@@ -32,7 +32,7 @@ torch::Tensor bytes_tensor(const std::string& bytes) {
 void model_to_snapshot(const Model& model, Snapshot& s) {
   for (const auto& [name, t] : model.named_parameters()) s.tensors["model/" + name] = t.detach().cpu();
   for (const auto& [name, t] : model.named_buffers()) s.tensors["model/" + name] = t.detach().cpu();
-  // The built-in GPT's shape, whoever trained it (the CLI or the library): generate and export read it.
+  // The built-in GPT's shape, whoever trained it (the CLI or the library): `mpiddp generate` reads it.
   if (const auto gpt = std::dynamic_pointer_cast<GptImpl>(model.module())) s.texts[kGptConfigKey] = gpt->config().to_json();
 }
 

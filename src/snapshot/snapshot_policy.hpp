@@ -20,7 +20,8 @@ class SnapshotPolicy {
     return enabled_ && (stopping || (every_steps_ > 0 && p.global_step % every_steps_ == 0));
   }
   /// After the epoch that ended at `p`: every save_every epochs and after the run's last epoch
-  /// (the snapshot then starts the next epoch, and may replace a step snapshot of the same step).
+  /// (the snapshot then starts the next epoch, or holds `p` itself where --max-steps ended the run
+  /// inside the epoch).
   bool after_epoch(const RunPosition& p, bool last) const {
     return enabled_ && (last || (every_epochs_ > 0 && (p.epoch + 1) % every_epochs_ == 0));
   }

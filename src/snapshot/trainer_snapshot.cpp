@@ -66,12 +66,13 @@ std::string Trainer::save(const detail::RunPosition& p) {
                 {"sampler_drop_last", o.drop_last ? 1 : 0}};
       s.reals = {{"created_unix_s", detail::unix_seconds()}};
       detail::position_to_snapshot(p, s);  // fp16: the scaler continues where it was
-      s.texts = {{"model", model_->description()},
-                 {"optimizer", detail::optimizer_kind(*optimizer_)},
-                 {"model_fingerprint", fingerprint()},
-                 {"config", o.run_config},
-                 {"mpiddp_version", MPIDDP_VERSION},
-                 {"torch_version", compat::torch_version()}};
+      // Beside the codecs' own texts (the GPT's shape): added, not assigned.
+      s.texts.insert({{"model", model_->description()},
+                      {"optimizer", detail::optimizer_kind(*optimizer_)},
+                      {"model_fingerprint", fingerprint()},
+                      {"config", o.run_config},
+                      {"mpiddp_version", MPIDDP_VERSION},
+                      {"torch_version", compat::torch_version()}});
       path = SnapshotDir(o.snapshot_dir).save(s, p.global_step, o.keep);
     } catch (const std::exception& e) {
       status = detail::reason_of(e);

@@ -281,6 +281,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     return save(at);
   };
   double first_step_unix_s = 0;
+  int64_t saved_step = -1;  ///< the global step of the last snapshot after_step wrote
   model_->train(true);
   for (; plan.running(p); p = p.next_epoch()) {
     const RunPosition epoch_start = p;
@@ -306,6 +307,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       if (snapshots.after_step(p, verdict.stop_signal != 0)) {
         p.seconds += clock.lap();
         result.last_snapshot = snapshot(p);
+        saved_step = p.global_step;
         clock.restart();
       }
       if (verdict.stop_signal != 0) return stopped(result, p, verdict.stop_signal, note);
@@ -319,8 +321,11 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       auto hold = batches.pause();  // the callback may use HDF5 too
       on_epoch(m, rank_lines(p));
     }
-    // A run that --max-steps ends inside an epoch resumes there, not at the next epoch.
-    if (snapshots.after_epoch(p, plan.last_epoch(p))) result.last_snapshot = snapshot(plan.epoch_done(p) ? p.next_epoch() : p);
+    // A run that --max-steps ends inside an epoch resumes there (unless that step's snapshot is written).
+    const bool saved_here = !result.last_snapshot.empty() && saved_step == p.global_step;
+    if (snapshots.after_epoch(p, plan.last_epoch(p)) && (plan.epoch_done(p) || !saved_here)) {
+      result.last_snapshot = snapshot(plan.epoch_done(p) ? p.next_epoch() : p);
+    }
   }
   result.global_step = p.global_step;
   return result;
@@ -383,7 +388,6 @@ void Trainer::skip_step(const RunPosition& p, int bad_rank, const std::function<
 EpochMetrics Trainer::finish_epoch(const RunPosition& p, const RunPosition& epoch_start, double loss_scale,
                                    detail::BatchSource& batches) {
   const auto& o = options_;
-  const int64_t steps = p.step_in_epoch - epoch_start.step_in_epoch;
   const int64_t taken = p.step_in_epoch - (p.skipped - epoch_start.skipped);
   EpochMetrics m;
   m.epoch = p.epoch + 1;
@@ -398,7 +402,9 @@ EpochMetrics Trainer::finish_epoch(const RunPosition& p, const RunPosition& epoc
       torch::tensor({taken > 0 ? p.loss_sum / static_cast<double>(taken) : 0.0}, torch::kDouble).to(o.device);
   pg_.allreduce(mean_loss, ReduceOp::kAvg);
   m.train_loss = mean_loss.cpu().item<double>();
-  m.samples_per_s = p.seconds > 0 ? static_cast<double>(steps * o.samples_per_step() * runtime_.size()) / p.seconds : 0;
+  // The epoch's steps over its seconds, both counted from its start (a resumed epoch's too).
+  m.samples_per_s =
+      p.seconds > 0 ? static_cast<double>(p.step_in_epoch * o.samples_per_step() * runtime_.size()) / p.seconds : 0;
   m.tokens_per_s = m.samples_per_s * static_cast<double>(task_->tokens_per_sample());
   if (test_) {
     auto hold = batches.pause();

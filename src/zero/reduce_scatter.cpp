@@ -30,6 +30,7 @@ class ReduceScatter : public GradientReduction {
 
   void attach(const std::vector<BucketLayout>& buckets, const std::vector<torch::TensorOptions>& options,
               ProcessGroup& pg) override {
+    MPIDDP_CHECK(pg_ == nullptr, "a GradientReduction serves one DistributedDataParallel: make one per DDP");
     pg_ = &pg;
     for (size_t b = 0; b < buckets.size(); ++b) shards_.push_back(torch::zeros({buckets[b].padded / pg.size()}, options[b]));
     divisors_ = detail::divisors(options, pg.size());

@@ -384,7 +384,7 @@ TEST(Ddp, FrozenParametersSkippedConsistently) {
 }
 
 TEST(Ddp, MeanTailRidesWithTheGradients) {
-  // DdpOptions::mean_tail_values: after a reducing backward the extras hold the mean over the ranks
+  // DdpOptions::mean_tail_values: after a reducing backward the mean tail holds the mean over the ranks
   // of what each rank wrote (reference: a direct MPI_Allreduce of the same values), the
   // gradients are untouched by them (the DDP run still matches one process), with several
   // buckets, one, compressed on the wire, with no trainable parameter at all, and beside ZeRO-2's
@@ -419,7 +419,7 @@ TEST(Ddp, MeanTailRidesWithTheGradients) {
         MPI_Allreduce(mine.data(), sum.data(), 3, MPI_FLOAT, MPI_SUM, runtime().world());
         ddp.mean_tail().copy_(torch::tensor(mine));
         if (variant == 3) {
-          ddp.finish_backward();  // no parameter to take a gradient: the extras travel alone
+          ddp.finish_backward();  // no parameter to take a gradient: the tail travels alone
         } else {
           const Batch b = shard(global_batch(step, kBatch * n, false), r, kBatch);
           ddp.backward(loss_of(model, b, false));
@@ -434,7 +434,7 @@ TEST(Ddp, MeanTailRidesWithTheGradients) {
       }
     }
   }
-  // The gradients themselves are still the single-process ones with extras beside them.
+  // The gradients themselves are still the single-process ones with the tail beside them.
   RunSpec spec;
   spec.ddp.mean_tail_values = 2;
   spec.ddp.bucket_cap_bytes = spec.ddp.first_bucket_cap_bytes = 256;

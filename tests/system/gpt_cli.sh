@@ -83,6 +83,13 @@ want=$(ref generate "$tmp/np3.state.pt" "the quick" 40)
 run_np 2 "$mpiddp" generate "$tmp/np3/latest.h5" --prompt "the quick" --max-new-tokens 40 --top-k 1
 check "generate --top-k 1 equals the reference's greedy generate(), token for token" [ "$rc" -eq 0 -a "$out" = "$want" ]
 check "generate: the prompt comes first, then 40 new bytes" [ "${#out}" -eq 49 -a "${out:0:9}" = "the quick" ]
+check "the snapshot records the GPT's shape itself (gpt_config, what generate reads), equal to the run's" \
+  "$TEST_PYTHON" - "$tmp/np3/latest.h5" <<'PY'
+import h5py, json, sys
+f = h5py.File(sys.argv[1], "r")
+shape, options = json.loads(f.attrs["gpt_config"]), json.loads(f.attrs["config"])["gpt"]
+assert shape == options and shape["n_layer"] >= 1, (shape, options)
+PY
 # --tokenizer: an llm.c tokenizer file (version 2, 256 tokens) that decodes token i as its two hex
 # digits: the greedy text above, spelled in hex.
 "$TEST_PYTHON" - "$tmp/hex_tokenizer.bin" <<'PY'

@@ -3,7 +3,7 @@ JSON-lines metrics of the same run.
 
 The framing is checked with a CRC-32C written here from its definition (bitwise, Castagnoli
 polynomial, reflected), not with Boost.CRC the writer uses; the events are decoded by Debian's
-python3-protobuf from the module protoc generates from src/train/tensorboard.proto.
+python3-protobuf from the module protoc generates from src/log/tensorboard.proto.
 usage: tb_read.py PROTO_MODULE_DIR EVENT_DIR METRICS.jsonl [--expect-start STEP] [--expect-text SUBSTRING]...
 """
 import glob, json, math, os, struct, sys
