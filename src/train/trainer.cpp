@@ -321,8 +321,9 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       auto hold = batches.pause();  // the callback may use HDF5 too
       on_epoch(m, rank_lines(p));
     }
-    // A run that --max-steps ends inside an epoch resumes there (unless that step's snapshot is written).
-    const bool saved_here = !result.last_snapshot.empty() && saved_step == p.global_step;
+    // A run that --max-steps ends inside an epoch resumes there (unless that step's snapshot is
+    // written already). Every rank decides alike: saved_step, not the path only rank 0 knows.
+    const bool saved_here = saved_step == p.global_step;
     if (snapshots.after_epoch(p, plan.last_epoch(p)) && (plan.epoch_done(p) || !saved_here)) {
       result.last_snapshot = snapshot(plan.epoch_done(p) ? p.next_epoch() : p);
     }
