@@ -313,7 +313,8 @@ BenchConfig config_of(const BenchFlags& f, const Runtime& runtime) {
   cfg.root = f.root;
   MPIDDP_CHECK(f.device == "auto" || f.device == "cpu" || f.device == "cuda",
                "--device takes cpu, cuda or auto, not '" + f.device + "'");
-  const bool cuda = f.device == "cuda" || (f.device == "auto" && cfg.backend == "nccl");
+  const auto* backend = find_backend(cfg.backend);  // unknown or unbuilt: check_backend below says so
+  const bool cuda = f.device == "cuda" || (f.device == "auto" && backend && backend->default_device == c10::kCUDA);
   cfg.device = cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
   check_backend(cfg.backend, cfg.device, runtime, f.device == "cuda" ? "--device cuda" : "--backend " + cfg.backend);
   if (cuda) cfg.device = runtime.device();

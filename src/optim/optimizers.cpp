@@ -62,6 +62,23 @@ std::vector<optim::OptimizerParamGroup> param_groups(const std::vector<torch::Te
 
 const std::vector<std::string> kAdamFields = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 
+// Adam and AdamW's row: the same fields, codec and rates; libtorch's class `Torch` or mpiddp's
+// fused form `Fused` (what `mpiddp train` makes, and what ZeRO keeps when given one).
+template <class Torch, class Fused, class Options, class State>
+OptimizerSpec adam_family(std::string name, std::function<bool(const optim::Optimizer&)> is) {
+  return {std::move(name), 0.001, {"betas", "weight-decay", "weight-decay-params"}, kAdamFields, true, std::move(is),
+          adam_fields<State>, adam_state<State>,
+          [](const optim::Optimizer& like, std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+            const auto& d = defaults_of<Options>(like);
+            if (dynamic_cast<const Fused*>(&like)) return std::make_unique<Fused>(std::move(groups), d);
+            return std::make_unique<Torch>(std::move(groups), d);
+          },
+          [](const std::vector<torch::Tensor>& params, const OptimizerSettings& s) -> std::shared_ptr<optim::Optimizer> {
+            const auto o = Options(s.lr).betas(s.betas);
+            return std::make_shared<Fused>(param_groups(params, s, o), o);
+          }};
+}
+
 }  // namespace
 
 const std::vector<OptimizerSpec>& optimizers() {
@@ -75,32 +92,12 @@ const std::vector<OptimizerSpec>& optimizers() {
          return std::make_shared<optim::SGD>(param_groups(params, s, optim::SGDOptions(s.lr).momentum(s.momentum)),
                                              optim::SGDOptions(s.lr));
        }},
-      {"adam", 0.001, {"betas", "weight-decay", "weight-decay-params"}, kAdamFields, true,
-       [](const optim::Optimizer& o) {
-         return dynamic_cast<const optim::Adam*>(&o) != nullptr && dynamic_cast<const optim::AdamW*>(&o) == nullptr;
-       },
-       adam_fields<optim::AdamParamState>, adam_state<optim::AdamParamState>,
-       [](const optim::Optimizer& like, std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
-         const auto& d = defaults_of<optim::AdamOptions>(like);
-         if (dynamic_cast<const FusedAdam*>(&like)) return std::make_unique<FusedAdam>(std::move(groups), d);
-         return std::make_unique<optim::Adam>(std::move(groups), d);
-       },
-       [](const std::vector<torch::Tensor>& params, const OptimizerSettings& s) -> std::shared_ptr<optim::Optimizer> {
-         const auto o = optim::AdamOptions(s.lr).betas(s.betas);
-         return std::make_shared<FusedAdam>(param_groups(params, s, o), o);
-       }},
-      {"adamw", 0.001, {"betas", "weight-decay", "weight-decay-params"}, kAdamFields, true,
-       [](const optim::Optimizer& o) { return dynamic_cast<const optim::AdamW*>(&o) != nullptr; },
-       adam_fields<optim::AdamWParamState>, adam_state<optim::AdamWParamState>,
-       [](const optim::Optimizer& like, std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
-         const auto& d = defaults_of<optim::AdamWOptions>(like);
-         if (dynamic_cast<const FusedAdamW*>(&like)) return std::make_unique<FusedAdamW>(std::move(groups), d);
-         return std::make_unique<optim::AdamW>(std::move(groups), d);
-       },
-       [](const std::vector<torch::Tensor>& params, const OptimizerSettings& s) -> std::shared_ptr<optim::Optimizer> {
-         const auto o = optim::AdamWOptions(s.lr).betas(s.betas);
-         return std::make_shared<FusedAdamW>(param_groups(params, s, o), o);
-       }},
+      adam_family<optim::Adam, FusedAdam, optim::AdamOptions, optim::AdamParamState>(
+          "adam", [](const optim::Optimizer& o) {
+            return dynamic_cast<const optim::Adam*>(&o) != nullptr && dynamic_cast<const optim::AdamW*>(&o) == nullptr;
+          }),
+      adam_family<optim::AdamW, FusedAdamW, optim::AdamWOptions, optim::AdamWParamState>(
+          "adamw", [](const optim::Optimizer& o) { return dynamic_cast<const optim::AdamW*>(&o) != nullptr; }),
   };
   return table;
 }
