@@ -44,8 +44,11 @@ namespace mpiddp {
 constexpr int64_t kDefaultBucketCapBytes = 25LL << 20;
 constexpr int64_t kDefaultFirstBucketCapBytes = 1LL << 20;
 
+/// DdpOptions::bucket_cap_bytes: the reduction's rule (GradientReduction::bucket_cap).
+constexpr int64_t kAutoBucketCap = 0;
+
 struct DdpOptions {
-  int64_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  int64_t bucket_cap_bytes = kAutoBucketCap;
   int64_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
   /// Re-broadcast buffers (BatchNorm running statistics) from rank 0 before each forward.
   bool broadcast_buffers = true;

@@ -47,6 +47,10 @@ class GradientReduction {
   virtual std::string name() const = 0;
   /// The ZeRO stage this reduction serves (0: DDP, every rank holds every averaged gradient).
   virtual int zero_stage() const { return 0; }
+  /// The bucket cap DDP takes when DdpOptions::bucket_cap_bytes is kAutoBucketCap, for a model of
+  /// `gradient_bytes` gradient bytes: PyTorch's 25 MiB for DDP; under ZeRO a 16th of the gradient,
+  /// from 1 MiB to 25 MiB, since a bucket in flight is memory that sharding does not save.
+  int64_t bucket_cap(int64_t gradient_bytes) const;
   /// Elements of a bucket's buffer holding `numel` gradient elements, on `ranks` ranks.
   virtual int64_t padded(int64_t numel, int /*ranks*/) const { return numel; }
   /// True: the buffer holds the average after finish() and lives across steps (each .grad is a view

@@ -45,12 +45,16 @@ class SnapshotDir {
  public:
   explicit SnapshotDir(std::string dir);
   const std::string& dir() const { return dir_; }
-  /// Creates the directory if needed and proves a file can be written there; throws
-  /// mpiddp::Error with a one-line reason otherwise.
+  /// Creates the directory if needed and proves a file can be written there (removing what
+  /// writes that never finished left behind); throws mpiddp::Error with a one-line reason otherwise.
   void ensure_writable() const;
   /// Writes `snapshot` as the one of `global_step`, points latest.h5 at it and deletes all
   /// but the newest `keep` snapshots (keep <= 0: keep all). Returns the file's path.
   std::string save(const Snapshot& snapshot, int64_t global_step, int keep) const;
+  /// The path of the snapshot of `global_step`.
+  std::string path_of(int64_t global_step) const;
+  /// Points latest.h5 at `path` (a complete snapshot in this directory) and keeps the newest `keep`.
+  void publish(const std::string& path, int keep) const;
   /// Snapshot files in the directory, newest (highest step) first.
   std::vector<std::string> list() const;
 

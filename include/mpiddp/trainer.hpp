@@ -29,8 +29,10 @@
 #include <vector>
 
 namespace mpiddp {
+class ZeroOptimizer;
 namespace detail {
 struct RunPosition;
+class SnapshotReader;
 struct RunLogs;
 class BatchSource;
 class StepAgreement;
@@ -217,8 +219,13 @@ class Trainer {
   void open_data();
   void adopt(ModelAndOptimizer made);
   std::string fingerprint() const;
-  std::optional<detail::RunPosition> restore(const std::function<void(const std::string&)>& note, std::string* from);
-  std::string save(const detail::RunPosition& p);
+  /// The snapshot the run resumes from, open on every rank, with the model, RNG and position `p`
+  /// loaded from it (nullptr: a fresh start). Collective.
+  std::unique_ptr<detail::SnapshotReader> restore(const std::function<void(const std::string&)>& note,
+                                                  std::string* from, detail::RunPosition& p);
+  /// The optimizer's state from it, once ZeRO (`zero`, or null) has sharded the optimizer. Collective.
+  void restore_optimizer(detail::SnapshotReader& reader, ZeroOptimizer* zero);
+  std::string save(const detail::RunPosition& p, const ZeroOptimizer* zero);
   /// One forward on two samples (evaluation mode, no gradient): the model takes the set's inputs
   /// and its outputs fit the targets. Local.
   void check_model_fits_data();

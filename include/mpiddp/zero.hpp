@@ -23,18 +23,21 @@
 // The parameters must be contiguous and stay where they are (do not move the model to another
 // device after making it: the views would go stale). Hyperparameters are read from the given
 // optimizer's groups at every step (a learning-rate schedule sets them there). Its state is sliced
-// once when it is made (a resumed snapshot) and gathered back into it for a snapshot (gather_state).
+// once when it is made, and gathered back into it by gather_state(); a snapshot instead writes and
+// reads each rank's slices in place (owned_range, owned_state, set_owned_state).
 //
 // Cross-rank contract: every rank makes it, steps it, clips and gathers with it at the same
 // points, after the same reducing backward; each of those calls is collective.
 #pragma once
 
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/optim.hpp>
 #include <mpiddp/reduction.hpp>
 
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,6 +75,25 @@ class ZeroOptimizer {
   /// hyperparameters, then every bucket's parameters all-gathered. Collective.
   void step();
 
+  /// The parameters it shards: DDP's, in DDP's order (the index the calls below take).
+  const std::vector<torch::Tensor>& parameters() const { return ddp_.parameters(); }
+  /// This rank's elements of parameter `i`: [first, first + numel) of its flattened elements
+  /// (numel 0: it holds none of its state).
+  std::pair<int64_t, int64_t> owned_range(size_t i) const;
+  /// What every parameter's state holds, the same on every rank (the owners tell the others):
+  /// whether it has any yet, its step, and the dtype of each of its fields (absent: no such field).
+  struct StateLayout {
+    bool present = false;
+    int64_t step = 0;
+    std::map<std::string, c10::ScalarType> fields;
+  };
+  std::vector<StateLayout> state_layout() const;  ///< collective (one small all-reduce)
+  /// The state of this rank's elements of parameter `i` (each field just those elements, 1-D),
+  /// or nullopt. Local.
+  std::optional<ParamStateFields> owned_state(size_t i) const;
+  /// Sets it: a resumed snapshot's slice. Local.
+  void set_owned_state(size_t i, const ParamStateFields& fields);
+
   /// Every parameter's optimizer state, whole, into the given optimizer on rank `root` (empty
   /// elsewhere; root -1: on every rank), as an unsharded run would hold it: for a snapshot, or to
   /// hand the state back when done. Collective.
@@ -88,6 +110,10 @@ class ZeroOptimizer {
     int64_t numel = 0;
   };
   void take_state();
+  /// known[i][0]: parameter i's step + 1 (0: no state yet); known[i][1 + f]: 1 + the dtype of its
+  /// field f (0: none), the same on every rank. Collective.
+  torch::Tensor known_state() const;
+  const Piece* piece_of(size_t param) const;
   int64_t slice_begin(size_t bucket) const;
   /// visit(parameter, first element in it, first element in the bucket, count) for every
   /// parameter with elements in this rank's slice of `bucket`, in bucket order.

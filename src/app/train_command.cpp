@@ -35,7 +35,7 @@ struct TrainConfig {
   std::string betas = "0.9,0.999", decay_params = "all", init_from, timeline;
   double lr = 0, momentum = 0, weight_decay = 0, gamma = 0.1, min_lr = 0;
   GptConfig gpt;
-  double bucket_mb = 25, first_bucket_mb = 1, cache_mb = 512;
+  double bucket_mb = 0, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
   int threads = 0;
   bool no_shuffle = false, drop_last = false;
@@ -138,7 +138,7 @@ std::vector<Row> run_options() {
                 "batches a reader thread prepares ahead of the step (0: read on the training thread; uncached data "
                 "with a parallel HDF5 is then read by one collective MPI-IO read per step)", {},
                 std::vector<std::string>{"prefetch_batches"}),
-      option<C>("bucket-cap-mb", [](C& c) -> auto& { return c.bucket_mb; }, "DDP bucket cap (MiB)"),
+      option<C>("bucket-cap-mb", [](C& c) -> auto& { return c.bucket_mb; }, "DDP bucket cap (MiB); 0: 25, under ZeRO the gradient's size / 16 from 1 to 25"),
       option<C>("first-bucket-cap-mb", [](C& c) -> auto& { return c.first_bucket_mb; }, "DDP first bucket cap (MiB)"),
       option<C>("compression", [](C& c) -> auto& { return c.compression; }, "gradients on the wire: none | bf16 | fp16"),
       option<C>("timeline", [](C& c) -> auto& { return c.timeline; },
@@ -229,7 +229,7 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.on_nan == "stop" || c.on_nan == "skip", "unknown --on-nan '" + c.on_nan + "' (stop, skip)");
   MPIDDP_CHECK(std::regex_match(c.log_every, std::regex(R"(auto|[0-9]+|[0-9]+(\.[0-9]+)?s)")),
                "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '" + c.log_every + "'");
-  MPIDDP_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0, "--bucket-cap-mb and --first-bucket-cap-mb must be > 0");
+  MPIDDP_CHECK(c.bucket_mb >= 0 && c.first_bucket_mb > 0, "--bucket-cap-mb must be >= 0 (0: the rule) and --first-bucket-cap-mb > 0");
   MPIDDP_CHECK(c.compression == "none" || c.compression == "bf16" || c.compression == "fp16",
                "unknown --compression '" + c.compression + "' (none, bf16, fp16)");
 }

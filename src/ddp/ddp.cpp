@@ -148,11 +148,15 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
 void DistributedDataParallel::make_buckets() {
   std::vector<int64_t> numels;
   std::vector<c10::ScalarType> dtypes;
+  int64_t gradient_bytes = 0;
   for (const auto& p : params_) {
     numels.push_back(p.numel());
     dtypes.push_back(p.scalar_type());
+    gradient_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
-  layouts_ = assign_buckets(numels, dtypes, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes);
+  const int64_t cap = options_.bucket_cap_bytes == kAutoBucketCap ? reduction_->bucket_cap(gradient_bytes)
+                                                                  : options_.bucket_cap_bytes;
+  layouts_ = assign_buckets(numels, dtypes, cap, options_.first_bucket_cap_bytes);
   std::vector<torch::TensorOptions> options;
   for (auto& l : layouts_) {
     l.padded = reduction_->padded(l.numel, pg_.size());

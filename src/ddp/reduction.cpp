@@ -1,6 +1,9 @@
 // DDP's all-reduce, plain or compressed on the wire (the GradientReduction strategy, reduction.hpp).
 #include <mpiddp/error.hpp>
+#include <mpiddp/ddp.hpp>
 #include <mpiddp/reduction.hpp>
+
+#include <algorithm>
 
 #include "ddp/averaging.hpp"
 
@@ -65,6 +68,11 @@ class AllReduce : public GradientReduction {
 };
 
 }  // namespace
+
+int64_t GradientReduction::bucket_cap(int64_t gradient_bytes) const {
+  if (zero_stage() == 0) return kDefaultBucketCapBytes;
+  return std::clamp(gradient_bytes / 16, int64_t{1} << 20, kDefaultBucketCapBytes);
+}
 
 std::shared_ptr<GradientReduction> all_reduce(std::optional<c10::ScalarType> wire, bool pad_to_ranks) {
   return std::make_shared<AllReduce>(wire, pad_to_ranks);

@@ -3,11 +3,16 @@
 #include <mpiddp/compat.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/optim.hpp>
+#include <mpiddp/zero.hpp>
 
 #include <ATen/core/Generator.h>
 
+#include "common/text.hpp"
+#include "snapshot/parallel_snapshot.hpp"
+
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 namespace mpiddp::detail {
@@ -38,6 +43,167 @@ void model_to_snapshot(const Model& model, Snapshot& s) {
 
 void model_from_snapshot(Model& model, const Snapshot& s) { load_named(model, s.tensors, "model/"); }
 
+namespace {
+
+// A table optimizer's state by snapshot name, where it lives (the device's tensors, no copies).
+std::map<std::string, torch::Tensor> state_tensors(const torch::optim::Optimizer& opt, const OptimizerSpec& spec,
+                                                   const NamedTensors& params) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, p] : params) {
+    const auto* st = state_of(opt, p);
+    if (!st) continue;
+    const std::string prefix = "optimizer/" + name + "/";
+    const auto fields = spec.fields_of(*st);
+    if (spec.counts_steps) out[prefix + "step"] = torch::tensor(fields.step, torch::kLong);
+    for (const auto& [field, t] : fields.tensors) out[prefix + field] = t;
+  }
+  return out;
+}
+
+}  // namespace
+
+void model_parts(const Model& model, int rank, int size, std::vector<TensorPart>& parts, Snapshot& meta) {
+  for (const auto& [name, t] : model.named_parameters()) parts.push_back(even_share("model/" + name, t, rank, size));
+  for (const auto& [name, t] : model.named_buffers()) parts.push_back(even_share("model/" + name, t, rank, size));
+  if (const auto gpt = std::dynamic_pointer_cast<GptImpl>(model.module())) meta.texts[kGptConfigKey] = gpt->config().to_json();
+}
+
+void model_from_reader(Model& model, SnapshotReader& reader) {
+  torch::NoGradGuard no_grad;
+  auto load = [&](const NamedTensors& named, const char* what) {
+    for (const auto& [name, t] : named) {
+      const auto* d = reader.find("model/" + name);
+      MPIDDP_CHECK(d, std::string("no tensor for the model's ") + what + " '" + name + "'");
+      MPIDDP_CHECK(c10::IntArrayRef(d->shape) == t.sizes(), std::string("the model's ") + what + " '" + name + "' is " +
+                                                            shape_text(t.sizes()) + " but the snapshot's is " +
+                                                            shape_text(d->shape));
+      t.copy_(reader.read_whole("model/" + name));
+    }
+  };
+  load(model.named_parameters(), "parameter");
+  load(model.named_buffers(), "buffer");
+  reader.verdict();
+}
+
+namespace {
+
+// The names each parameter of `params` goes by, by tensor (tied weights: several, in order).
+std::map<const void*, std::vector<std::string>> names_of(const NamedTensors& params) {
+  std::map<const void*, std::vector<std::string>> names;
+  for (const auto& [name, p] : params) names[p.unsafeGetTensorImpl()].push_back(name);
+  return names;
+}
+
+}  // namespace
+
+void optimizer_parts(const torch::optim::Optimizer& opt, const NamedTensors& params, const ZeroOptimizer* zero,
+                     MPI_Comm comm, std::vector<TensorPart>& parts) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const auto* spec = optimizer_spec_of(opt);
+  if (!spec) {  // not a table optimizer: libtorch's archive, rank 0's (its bytes may differ by rank)
+    Snapshot other;
+    optimizer_to_snapshot(opt, params, other);
+    const auto& archive = other.tensors.at("optimizer/archive");
+    int64_t bytes = archive.numel();
+    MPI_Bcast(&bytes, 1, MPI_INT64_T, 0, comm);
+    parts.push_back({"optimizer/archive", torch::kByte, {bytes}, 0, rank == 0 ? archive : torch::Tensor()});
+    return;
+  }
+  if (!zero) {  // every rank holds the whole state alike: an even share each
+    for (const auto& [name, t] : state_tensors(opt, *spec, params)) parts.push_back(even_share(name, t, rank, size));
+    return;
+  }
+  const auto names = names_of(params);
+  const auto layout = zero->state_layout();
+  const auto& zparams = zero->parameters();
+  for (size_t i = 0; i < zparams.size(); ++i) {
+    if (!layout[i].present) continue;
+    const auto mine = zero->owned_state(i);
+    const auto first = zero->owned_range(i).first;
+    for (const auto& name : names.at(zparams[i].unsafeGetTensorImpl())) {  // under each name, as stage 0
+      const std::string prefix = "optimizer/" + name + "/";
+      if (spec->counts_steps) {
+        parts.push_back(owned_by(0, rank, prefix + "step", torch::tensor(layout[i].step, torch::kLong)));
+      }
+      for (const auto& [field, dtype] : layout[i].fields) {
+        torch::Tensor part;
+        if (mine && mine->tensors.count(field)) part = mine->tensors.at(field).reshape(-1);
+        parts.push_back({prefix + field, dtype, zparams[i].sizes().vec(), first, part});
+      }
+    }
+  }
+}
+
+void optimizer_from_reader(torch::optim::Optimizer& opt, const NamedTensors& params, ZeroOptimizer* zero,
+                           SnapshotReader& reader, c10::Device device) {
+  const auto* spec = optimizer_spec_of(opt);
+  if (!zero) {  // every rank the whole state
+    Snapshot whole;
+    for (const auto& [name, p] : params) {
+      const std::string prefix = "optimizer/" + name + "/";
+      for (const auto& field : spec ? spec->state_fields : std::vector<std::string>{}) {
+        if (reader.find(prefix + field)) whole.tensors[prefix + field] = reader.read_whole(prefix + field);
+      }
+      if (reader.find(prefix + "step")) whole.tensors[prefix + "step"] = reader.read_whole(prefix + "step");
+    }
+    if (!spec && reader.find("optimizer/archive")) whole.tensors["optimizer/archive"] = reader.read_whole("optimizer/archive");
+    reader.verdict();
+    optimizer_from_snapshot(opt, params, whole, device);
+    return;
+  }
+  // ZeRO: each rank reads the elements it owns, into the shards' state.
+  const auto names = names_of(params);
+  const auto& zparams = zero->parameters();
+  for (size_t i = 0; i < zparams.size(); ++i) {
+    const std::string prefix = "optimizer/" + names.at(zparams[i].unsafeGetTensorImpl()).front() + "/";
+    const auto [first, numel] = zero->owned_range(i);
+    ParamStateFields fields;
+    for (const auto& field : spec->state_fields) {
+      const auto* d = reader.find(prefix + field);
+      if (!d) continue;
+      auto slice = torch::empty({numel}, d->dtype->type);
+      reader.read(prefix + field, first, slice);
+      fields.tensors[field] = slice;
+    }
+    const bool stepped = reader.find(prefix + "step") != nullptr;
+    if (stepped) fields.step = reader.read_whole(prefix + "step").item<int64_t>();
+    if (numel == 0 || (spec->counts_steps ? !stepped : fields.tensors.empty())) continue;
+    for (auto& [field, t] : fields.tensors) t = t.to(device);
+    zero->set_owned_state(i, fields);
+  }
+  reader.verdict();
+}
+
+void rng_parts(MPI_Comm comm, c10::Device device, std::vector<TensorPart>& parts) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const auto mine = bytes_tensor(rng_state_bytes(device));
+  int64_t n = mine.numel();
+  std::vector<int64_t> sizes(static_cast<size_t>(size));
+  MPI_Allgather(&n, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm);
+  for (int r = 0; r < size; ++r) {
+    parts.push_back({"rng/rank" + std::to_string(r), torch::kByte, {sizes[static_cast<size_t>(r)]}, 0,
+                     r == rank ? mine : torch::Tensor()});
+  }
+}
+
+void rng_from_reader(SnapshotReader& reader, int saved_world, int source, c10::Device device) {
+  torch::Tensor mine;
+  for (int r = 0; r < saved_world; ++r) {
+    const std::string name = "rng/rank" + std::to_string(r);
+    const auto* d = reader.find(name);
+    MPIDDP_CHECK(d, "snapshot '" + reader.path() + "' has no " + name);
+    torch::Tensor out = r == source ? torch::empty(d->shape, torch::kByte) : torch::Tensor();
+    reader.read(name, 0, out);
+    if (r == source) mine = out;
+  }
+  reader.verdict();
+  set_rng_state(device, mine);
+}
+
 std::string optimizer_kind(const torch::optim::Optimizer& opt) {
   const auto* spec = optimizer_spec_of(opt);
   return spec ? spec->name : "other";
@@ -53,14 +219,7 @@ void optimizer_to_snapshot(const torch::optim::Optimizer& opt, const NamedTensor
     s.tensors["optimizer/archive"] = bytes_tensor(out.str());
     return;
   }
-  for (const auto& [name, p] : params) {
-    const auto* st = state_of(opt, p);
-    if (!st) continue;
-    const std::string prefix = "optimizer/" + name + "/";
-    const auto fields = spec->fields_of(*st);
-    if (spec->counts_steps) s.tensors[prefix + "step"] = torch::tensor(fields.step, torch::kLong);
-    for (const auto& [field, t] : fields.tensors) s.tensors[prefix + field] = t.cpu();
-  }
+  for (auto& [name, t] : state_tensors(opt, *spec, params)) s.tensors[name] = t.cpu();
 }
 
 void optimizer_from_snapshot(torch::optim::Optimizer& opt, const NamedTensors& params, const Snapshot& s,

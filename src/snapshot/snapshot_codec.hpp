@@ -6,19 +6,45 @@
 #include <mpiddp/gpt.hpp>
 #include <mpiddp/model.hpp>
 
+#include <mpi.h>
 #include <torch/torch.h>
 
 #include <string>
 
 #include "train/run_position.hpp"
 
+namespace mpiddp {
+class ZeroOptimizer;
+}
+
 namespace mpiddp::detail {
+
+struct TensorPart;      // parallel_snapshot.hpp
+class SnapshotReader;
 
 /// The text key of the built-in GPT's shape (GptConfig::to_json) in a snapshot of one.
 constexpr const char* kGptConfigKey = "gpt_config";
 /// "model/<name>" for every parameter and buffer; the GPT's shape under kGptConfigKey.
 void model_to_snapshot(const Model& model, Snapshot& s);
 void model_from_snapshot(Model& model, const Snapshot& s);
+
+// What each rank writes of a run into its one snapshot file, and reads back (parallel_snapshot.hpp).
+/// "model/<name>": an even share of every parameter and buffer; the GPT's shape into `meta`.
+void model_parts(const Model& model, int rank, int size, std::vector<TensorPart>& parts, Snapshot& meta);
+/// Every parameter and buffer, whole on every rank (read once, all-gathered). Collective.
+void model_from_reader(Model& model, SnapshotReader& reader);
+/// The optimizer's state as optimizer_to_snapshot names it: under ZeRO (`zero`) each rank's own
+/// slices, else an even share of the state every rank holds alike (another optimizer's archive:
+/// rank 0's). Collective.
+void optimizer_parts(const torch::optim::Optimizer& opt, const NamedTensors& params, const ZeroOptimizer* zero,
+                     MPI_Comm comm, std::vector<TensorPart>& parts);
+/// Its inverse: under ZeRO each rank reads only its slices. Collective.
+void optimizer_from_reader(torch::optim::Optimizer& opt, const NamedTensors& params, ZeroOptimizer* zero,
+                           SnapshotReader& reader, c10::Device device);
+/// "rng/rank<r>": rank r's RNG states, each written by its rank. Collective.
+void rng_parts(MPI_Comm comm, c10::Device device, std::vector<TensorPart>& parts);
+/// This rank's RNG states from "rng/rank<source>". Collective (every rank passes over every rank's).
+void rng_from_reader(SnapshotReader& reader, int saved_world, int source, c10::Device device);
 
 /// "sgd", "adam", "adamw" (their state is stored per parameter, readable with h5py), else "other"
 /// (stored as the optimizer's own serialized archive).

@@ -18,111 +18,38 @@
 #include <sstream>
 
 #include "common/check_hdf5.hpp"
+#include "snapshot/snapshot_format.hpp"
 
 namespace mpiddp {
 namespace {
 
 namespace fs = std::filesystem;
 using detail::Hid;
+using namespace detail;  // the format's shared pieces: snapshot_format.hpp
 
-constexpr const char* kFormat = "mpiddp-snapshot";
-constexpr int64_t kFormatVersion = 2;
-// Since format 2 every snapshot starts with a 512-byte HDF5 user block (HDF5 and h5py skip it)
-// that holds a text header: the file's size and a CRC-32 (zlib) of every byte after the block.
-// A reader checks both on the bytes it already holds before HDF5 parses anything, so damage
-// anywhere in the file is refused without HDF5 ever walking damaged metadata. Format 1 files
-// (no user block; they start with HDF5's signature) are still read, with only the inner checksum.
-constexpr size_t kUserBlock = 512;
-constexpr const char kHdf5Signature[] = "\x89HDF\r\n\x1a\n";
-constexpr const char* kChecksumAttr = "checksum_crc32";
-constexpr const char* kDtypeAttr = "dtype";
-
-struct DtypeInfo {
-  c10::ScalarType type;
-  const char* name;
-  hid_t file_type, mem_type;  // bf16/f16 travel as their 16-bit patterns, named by the dtype attribute
-};
-
-const std::vector<DtypeInfo>& dtypes() {
-  static const std::vector<DtypeInfo> all = {
-          {torch::kFloat, "float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT},
-          {torch::kDouble, "float64", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE},
-          {torch::kBFloat16, "bfloat16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
-          {torch::kHalf, "float16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
-          {torch::kInt, "int32", H5T_STD_I32LE, H5T_NATIVE_INT32},
-          {torch::kLong, "int64", H5T_STD_I64LE, H5T_NATIVE_INT64},
-          {torch::kByte, "uint8", H5T_STD_U8LE, H5T_NATIVE_UINT8}};
-  return all;
-}
-
-const DtypeInfo& dtype_of(c10::ScalarType t) {
-  for (const auto& d : dtypes()) {
-    if (d.type == t) return d;
-  }
-  MPIDDP_THROW(std::string("snapshot: unsupported tensor dtype ") + c10::toString(t));
-}
-
-const DtypeInfo* dtype_named(const std::string& name) {
-  for (const auto& d : dtypes()) {
-    if (name == d.name) return &d;
-  }
-  return nullptr;
-}
-
-// zlib's CRC-32 of `crc` extended by n bytes (crc32 takes uInt lengths).
-uLong crc_update(uLong crc, const void* data, size_t n) {
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {
-    const auto piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    crc = crc32(crc, p, piece);
-    p += piece;
-    n -= piece;
-  }
-  return crc;
-}
-
-uint32_t crc32_of(const char* data, size_t n) { return static_cast<uint32_t>(crc_update(crc32(0L, Z_NULL, 0), data, n)); }
-
-// The user block's text, NUL-padded to kUserBlock bytes: the only form a reader accepts.
-std::string user_block(uint64_t file_bytes, uint32_t crc) {
-  char text[128];
-  const int n = std::snprintf(text, sizeof text, "%s %lld\nbytes %llu\ncrc32-after-512 %08x\n", kFormat,
-                              static_cast<long long>(kFormatVersion), static_cast<unsigned long long>(file_bytes),
-                              static_cast<unsigned>(crc));
-  std::string block(text, static_cast<size_t>(n));
-  block.resize(kUserBlock, '\0');
-  return block;
-}
-
-// Verifies a format-2 image's user block against its bytes; throws naming what is wrong.
-void verify_whole_file(const std::vector<char>& image, const std::string& name) {
+// Verifies a format-2 image's header against its bytes; throws naming what is wrong.
+void verify_image(const std::vector<char>& image, const std::string& name, Header& header) {
   auto fail = [&](const std::string& why) { MPIDDP_THROW("snapshot '" + name + "' " + why); };
   if (image.size() < kUserBlock) {
     fail("is truncated: " + std::to_string(image.size()) + " bytes, less than its " + std::to_string(kUserBlock) +
          "-byte header");
   }
-  unsigned long long bytes = 0;
-  unsigned crc = 0;
-  long long version = 0;
-  const std::string head(image.data(), kUserBlock);
-  const std::string pattern = std::string(kFormat) + " %lld\nbytes %llu\ncrc32-after-512 %8x\n";
-  if (std::sscanf(head.c_str(), pattern.c_str(), &version, &bytes, &crc) != 3 || version != kFormatVersion ||
-      head != user_block(bytes, crc)) {
+  if (!parse_user_block(std::string(image.data(), kUserBlock), header)) {
     fail("is damaged: its 512-byte header is not one mpiddp writes");
   }
-  if (bytes != image.size()) {
-    fail(std::string(image.size() < bytes ? "is truncated" : "has bytes appended") + ": " +
-         std::to_string(image.size()) + " bytes where its header says " + std::to_string(bytes));
+  if (header.bytes != image.size()) {
+    fail(std::string(image.size() < header.bytes ? "is truncated" : "has bytes appended") + ": " +
+         std::to_string(image.size()) + " bytes where its header says " + std::to_string(header.bytes));
   }
-  if (crc32_of(image.data() + kUserBlock, image.size() - kUserBlock) != crc) {
+  if (header.version == kWholeFileFormat &&
+      crc_of(image.data() + kUserBlock, image.size() - kUserBlock) != header.crc) {
     fail("is corrupt: the CRC-32 of its bytes does not match the one in its header (damaged on disk or in transit)");
   }
 }
 
-// CRC-32 over everything a snapshot holds, in the maps' (sorted) order, so writer and reader
-// agree without storing any order.
+// Format 2's CRC-32 over everything a snapshot holds, in the maps' (sorted) order.
 uint32_t checksum(const Snapshot& s) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+  uint32_t crc = crc_of(nullptr, 0);
   auto add = [&](const void* data, size_t n) { crc = crc_update(crc, data, n); };
   auto add_text = [&](const std::string& t) { add(t.c_str(), t.size() + 1); };
   for (const auto& [name, t] : s.tensors) {
@@ -132,32 +59,7 @@ uint32_t checksum(const Snapshot& s) {
     auto c = t.contiguous();
     add(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
   }
-  for (const auto& [name, v] : s.ints) add_text(name), add(&v, sizeof v);
-  for (const auto& [name, v] : s.reals) add_text(name), add(&v, sizeof v);
-  for (const auto& [name, v] : s.texts) add_text(name), add_text(v);
-  return static_cast<uint32_t>(crc);
-}
-
-void write_text_attr(hid_t obj, const std::string& name, const std::string& value) {
-  Hid type(MPIDDP_CHECK_HDF5(H5Tcopy(H5T_C_S1)), H5Tclose);
-  MPIDDP_CHECK_HDF5(H5Tset_size(type.get(), H5T_VARIABLE));
-  MPIDDP_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
-  const char* p = value.c_str();
-  detail::write_scalar_attr(obj, name, type.get(), &p);
-}
-
-std::string read_text_attr(hid_t attr) {
-  Hid type(MPIDDP_CHECK_HDF5(H5Aget_type(attr)), H5Tclose);
-  if (H5Tis_variable_str(type.get()) > 0) {
-    char* p = nullptr;
-    MPIDDP_CHECK_HDF5(H5Aread(attr, type.get(), &p));
-    std::string v = p ? p : "";
-    H5free_memory(p);
-    return v;
-  }
-  std::string v(H5Tget_size(type.get()), '\0');
-  MPIDDP_CHECK_HDF5(H5Aread(attr, type.get(), v.data()));
-  return v.substr(0, v.find('\0'));
+  return attributes_checksum(crc, s);
 }
 
 // HDF5 builds the file in memory (core driver, no backing store); the caller writes the bytes
@@ -181,8 +83,8 @@ std::vector<char> file_image(const Snapshot& s) {
     if (c.numel() > 0) MPIDDP_CHECK_HDF5(H5Dwrite(d.get(), dt.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, c.data_ptr()));
     write_text_attr(d.get(), kDtypeAttr, dt.name);
   }
-  write_text_attr(f.get(), "format", kFormat);
-  detail::write_scalar_attr(f.get(), "format_version", H5T_NATIVE_INT64, &kFormatVersion);
+  write_text_attr(f.get(), "format", kSnapshotFormat);
+  detail::write_scalar_attr(f.get(), "format_version", H5T_NATIVE_INT64, &kWholeFileFormat);
   for (const auto& [name, v] : s.ints) detail::write_scalar_attr(f.get(), name, H5T_NATIVE_INT64, &v);
   for (const auto& [name, v] : s.reals) detail::write_scalar_attr(f.get(), name, H5T_NATIVE_DOUBLE, &v);
   for (const auto& [name, v] : s.texts) write_text_attr(f.get(), name, v);
@@ -194,7 +96,7 @@ std::vector<char> file_image(const Snapshot& s) {
   const ssize_t size = MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), nullptr, 0));
   std::vector<char> image(kUserBlock + static_cast<size_t>(size));
   MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), image.data() + kUserBlock, static_cast<size_t>(size)));
-  const auto block = user_block(image.size(), crc32_of(image.data() + kUserBlock, image.size() - kUserBlock));
+  const auto block = user_block(kWholeFileFormat, image.size(), crc_of(image.data() + kUserBlock, image.size() - kUserBlock));
   std::copy(block.begin(), block.end(), image.begin());
   return image;
 }
@@ -225,96 +127,27 @@ void fsync_directory(const std::string& path) {
   MPIDDP_CHECK(rc == 0, "fsync of '" + path + "' failed: " + std::strerror(err));
 }
 
-// Reads every object of an open snapshot file into a Snapshot.
+// Reads every object of an open snapshot file into a Snapshot and verifies it: format 3 each
+// dataset's CRC-32 and the manifest, formats 1 and 2 the checksum over everything.
 Snapshot read_open(hid_t f, const std::string& name) {
-  Snapshot s;
   auto fail = [&](const std::string& why) { MPIDDP_THROW("snapshot '" + name + "' " + why); };
-  if (H5Aexists(f, "format") <= 0) fail("is not an mpiddp snapshot (no format attribute)");
-  {
-    Hid a(MPIDDP_CHECK_HDF5(H5Aopen(f, "format", H5P_DEFAULT)), H5Aclose);
-    if (read_text_attr(a.get()) != kFormat) fail("is not an mpiddp snapshot");
-  }
-  if (H5Aexists(f, kChecksumAttr) <= 0) fail("has no checksum (incomplete or not an mpiddp snapshot)");
-  // Root attributes, by class. (H5Aiterate2, H5Gget_info, H5Lget_name_by_idx and H5Oopen keep
-  // their signatures from HDF5 1.8 to 1.14, unlike the H5Oget_info/H5Ovisit families.)
-  struct Attrs {
-    Snapshot* s;
-    int64_t crc = -1;
-    std::string error;
-  } attrs{&s, -1, {}};
-  auto on_attr = [](hid_t loc, const char* an, const H5A_info_t*, void* data) -> herr_t {
-    auto* at = static_cast<Attrs*>(data);
-    try {
-      const std::string key = an;
-      if (key == "format" || key == "format_version") return 0;
-      Hid a(MPIDDP_CHECK_HDF5(H5Aopen(loc, an, H5P_DEFAULT)), H5Aclose);
-      Hid type(MPIDDP_CHECK_HDF5(H5Aget_type(a.get())), H5Tclose);
-      const auto cls = H5Tget_class(type.get());
-      if (cls == H5T_INTEGER) {
-        int64_t v = 0;
-        MPIDDP_CHECK_HDF5(H5Aread(a.get(), H5T_NATIVE_INT64, &v));
-        if (key == kChecksumAttr) at->crc = v;
-        else at->s->ints[key] = v;
-      } else if (cls == H5T_FLOAT) {
-        double v = 0;
-        MPIDDP_CHECK_HDF5(H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v));
-        at->s->reals[key] = v;
-      } else if (cls == H5T_STRING) {
-        at->s->texts[key] = read_text_attr(a.get());
+  Catalog c = read_catalog(f, name);
+  Snapshot s = std::move(c.meta);
+  for (const auto& [path, d] : c.datasets) {
+    auto t = torch::empty(d.shape, d.dtype->type);
+    if (t.numel() > 0) {
+      const Hid dataset(H5Dopen2(f, path.c_str(), H5P_DEFAULT), H5Dclose);
+      if (dataset.get() < 0 || H5Dread(dataset.get(), d.dtype->mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0) {
+        fail("is damaged: dataset /" + path + ": " + hdf5_error_text());
       }
-    } catch (const Error& e) {
-      at->error = "attribute " + std::string(an) + ": " + e.message();
-      return 1;
     }
-    return 0;
-  };
-  const herr_t arc = H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, nullptr, on_attr, &attrs);
-  if (!attrs.error.empty()) fail("is damaged: " + attrs.error);
-  if (arc < 0) fail("is damaged: " + detail::hdf5_error_text());
-
-  // Datasets, at any depth.
-  std::function<void(hid_t, const std::string&)> walk = [&](hid_t group, const std::string& prefix) {
-    H5G_info_t info;
-    MPIDDP_CHECK_HDF5(H5Gget_info(group, &info));
-    for (hsize_t i = 0; i < info.nlinks; ++i) {
-      const ssize_t len =
-          MPIDDP_CHECK_HDF5(H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT));
-      std::string link(static_cast<size_t>(len) + 1, '\0');
-      MPIDDP_CHECK_HDF5(
-          H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, link.data(), link.size(), H5P_DEFAULT));
-      link.resize(static_cast<size_t>(len));
-      const std::string path = prefix + link;
-      Hid obj(MPIDDP_CHECK_HDF5(H5Oopen(group, link.c_str(), H5P_DEFAULT)), H5Oclose);
-      if (H5Iget_type(obj.get()) == H5I_GROUP) {
-        walk(obj.get(), path + "/");
-        continue;
-      }
-      if (H5Iget_type(obj.get()) != H5I_DATASET) continue;
-      MPIDDP_CHECK(H5Aexists(obj.get(), kDtypeAttr) > 0, "dataset /" + path + " has no dtype attribute");
-      Hid a(MPIDDP_CHECK_HDF5(H5Aopen(obj.get(), kDtypeAttr, H5P_DEFAULT)), H5Aclose);
-      const auto dtname = read_text_attr(a.get());
-      const DtypeInfo* dt = dtype_named(dtname);
-      MPIDDP_CHECK(dt, "dataset /" + path + " has unknown dtype '" + dtname + "'");
-      Hid space(MPIDDP_CHECK_HDF5(H5Dget_space(obj.get())), H5Sclose);
-      const int nd = MPIDDP_CHECK_HDF5(H5Sget_simple_extent_ndims(space.get()));
-      std::vector<hsize_t> dims(static_cast<size_t>(nd));
-      if (nd > 0) MPIDDP_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
-      auto t = torch::empty(std::vector<int64_t>(dims.begin(), dims.end()), dt->type);
-      if (t.numel() > 0) {
-        MPIDDP_CHECK_HDF5(H5Dread(obj.get(), dt->mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()));
-      }
-      s.tensors[path] = t;
+    if (d.crc >= 0 && crc_of(t.data_ptr(), static_cast<size_t>(t.nbytes())) != static_cast<uint32_t>(d.crc)) {
+      fail("is corrupt: the CRC-32 of dataset /" + path + " does not match the one stored with it");
     }
-  };
-  try {
-    walk(f, "");
-  } catch (const Error& e) {
-    fail("is damaged: " + e.message());
+    s.tensors[path] = t;
   }
-  const int64_t stored_crc = attrs.crc;
-  if (static_cast<int64_t>(checksum(s)) != stored_crc) {
-    fail("is corrupt: its checksum does not match its contents");
-  }
+  const uint32_t expected = c.version >= kParallelFormat ? manifest_checksum(c.datasets, s) : checksum(s);
+  if (static_cast<int64_t>(expected) != c.stored_checksum) fail("is corrupt: its checksum does not match its contents");
   return s;
 }
 
@@ -352,11 +185,18 @@ Snapshot read_snapshot_image(const std::vector<char>& image, const std::string& 
   const size_t sig = sizeof kHdf5Signature - 1;
   const bool legacy = image.size() >= sig && std::equal(kHdf5Signature, kHdf5Signature + sig, image.begin());
   if (!legacy) {
-    const std::string magic = std::string(kFormat) + " ";
+    const std::string magic = std::string(kSnapshotFormat) + " ";
     MPIDDP_CHECK(image.size() < magic.size() ? std::equal(image.begin(), image.end(), magic.begin())
                                              : std::equal(magic.begin(), magic.end(), image.begin()),
                  "snapshot '" + name + "' is not an mpiddp snapshot (it starts neither with mpiddp's header nor with HDF5's signature)");
-    verify_whole_file(image, name);  // before HDF5 reads a byte of it
+    // Before HDF5 reads a byte of it: format 3's layout, or format 2's whole-file CRC.
+    const std::string first(image.data(), std::min(image.size(), kUserBlock));
+    if (layout_header_size(first) > 0) {
+      verify_layout(name, image.size(), [&](uint64_t at, uint64_t n, char* into) { std::memcpy(into, image.data() + at, n); });
+    } else {
+      Header header;
+      verify_image(image, name, header);
+    }
   }
   Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
   MPIDDP_CHECK_HDF5(H5Pset_fapl_core(fapl.get(), 1 << 20, 0));
@@ -390,25 +230,39 @@ void SnapshotDir::ensure_writable() const {
     MPIDDP_CHECK(out.good(), "snapshot directory '" + dir_ + "' is not writable: " + std::strerror(errno));
   }
   fs::remove(probe, ec);
+  // A run killed while writing leaves its temporary file; the snapshot it was to be never counted.
+  static const std::regex unfinished(R"(\.snapshot-step\d+\.h5\.tmp)");
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    if (std::regex_match(entry.path().filename().string(), unfinished)) fs::remove(entry.path(), ec);
+  }
+}
+
+std::string SnapshotDir::path_of(int64_t global_step) const {
+  std::ostringstream name;
+  name << "snapshot-step" << std::setw(10) << std::setfill('0') << global_step << ".h5";
+  return (fs::path(dir_) / name.str()).string();
 }
 
 std::string SnapshotDir::save(const Snapshot& snapshot, int64_t global_step, int keep) const {
-  std::ostringstream name;
-  name << "snapshot-step" << std::setw(10) << std::setfill('0') << global_step << ".h5";
-  const std::string path = (fs::path(dir_) / name.str()).string();
+  const std::string path = path_of(global_step);
   write_snapshot(path, snapshot);
+  publish(path, keep);
+  return path;
+}
+
+void SnapshotDir::publish(const std::string& path, int keep) const {
   // latest.h5 -> the new file, swapped in by rename so it never dangles half-made.
+  const std::string name = fs::path(path).filename().string();
   const fs::path link = fs::path(dir_) / "latest.h5", tmp_link = fs::path(dir_) / ".latest.h5.tmp";
   std::error_code ec;
   fs::remove(tmp_link, ec);
-  fs::create_symlink(name.str(), tmp_link, ec);
+  fs::create_symlink(name, tmp_link, ec);
   if (!ec) fs::rename(tmp_link, link, ec);
-  MPIDDP_CHECK(!ec, "cannot point '" + link.string() + "' at '" + name.str() + "': " + ec.message());
+  MPIDDP_CHECK(!ec, "cannot point '" + link.string() + "' at '" + name + "': " + ec.message());
   if (keep > 0) {
     const auto all = list();
     for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) fs::remove(all[i], ec);
   }
-  return path;
 }
 
 std::vector<std::string> SnapshotDir::list() const {

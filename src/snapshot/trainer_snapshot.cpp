@@ -1,10 +1,12 @@
-// The Trainer's snapshots: what it writes (model, optimizer, every rank's RNG, progress) and how
-// a run resumes from one (rank 0 picks and checks, every rank loads the same bytes).
+// The Trainer's snapshots: what it writes (model, optimizer, every rank's RNG, progress), every
+// rank its own part of one file, and how a run resumes from one (every rank verifies it with the
+// others and reads what it needs: under ZeRO only its own slices of the optimizer's state).
 #include <mpiddp/snapshot.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
+#include <mpiddp/zero.hpp>
 
 #include <chrono>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include "common/host.hpp"
 #include "common/text.hpp"
 #include "train/run_position.hpp"
+#include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_codec.hpp"
 
 namespace mpiddp {
@@ -32,48 +35,54 @@ std::string Trainer::fingerprint() const {
   return text;
 }
 
-std::string Trainer::save(const detail::RunPosition& p) {
-  // Every rank's RNG state goes to rank 0, which alone writes; its verdict is broadcast so that
-  // every rank fails alike when the write fails.
+std::string Trainer::save(const detail::RunPosition& p, const ZeroOptimizer* zero) {
+  // Every rank writes its own part of the one file: an even share of what all ranks hold alike,
+  // its own ZeRO slices, its own RNG state. Rank 0's attributes describe the run.
   const auto& o = options_;
-  const auto rng = gather_strings(runtime_.world(), detail::rng_state_bytes(o.device));
-  std::string status, path;
-  if (runtime_.rank() == 0) {
+  const int rank = runtime_.rank(), size = runtime_.size();
+  std::vector<detail::TensorPart> parts;
+  Snapshot meta;
+  detail::model_parts(*model_, rank, size, parts, meta);
+  detail::optimizer_parts(*optimizer_, model_->named_parameters(), zero, runtime_.world(), parts);
+  detail::rng_parts(runtime_.world(), o.device, parts);
+  const auto& script = model_->torchscript_bytes();
+  torch::Tensor script_bytes;
+  if (!script.empty()) {
+    script_bytes = torch::empty({static_cast<int64_t>(script.size())}, torch::kByte);
+    std::memcpy(script_bytes.data_ptr(), script.data(), script.size());
+    parts.push_back(detail::even_share("torchscript", script_bytes, rank, size));
+  }
+  meta.ints = {{"steps_per_epoch", steps_per_epoch_},
+               {"world_size", size},
+               {"threads", torch::get_num_threads()},
+               {"batch_size", o.batch_size},
+               {"grad_accum", o.grad_accum},
+               {"zero_stage", o.zero_stage},
+               {"sampler_seed", static_cast<int64_t>(o.seed)},
+               {"sampler_epoch", p.epoch},
+               {"sampler_position", p.step_in_epoch * o.samples_per_step()},
+               {"sampler_shuffle", o.shuffle ? 1 : 0},
+               {"sampler_drop_last", o.drop_last ? 1 : 0}};
+  meta.reals = {{"created_unix_s", detail::unix_seconds()}};
+  detail::position_to_snapshot(p, meta);  // fp16: the scaler continues where it was
+  // Beside the codecs' own texts (the GPT's shape): added, not assigned.
+  meta.texts.insert({{"model", model_->description()},
+                     {"optimizer", detail::optimizer_kind(*optimizer_)},
+                     {"model_fingerprint", fingerprint()},
+                     {"config", o.run_config},
+                     {"mpiddp_version", MPIDDP_VERSION},
+                     {"torch_version", compat::torch_version()}});
+  const SnapshotDir dir(o.snapshot_dir);
+  const std::string path = dir.path_of(p.global_step);
+  try {
+    detail::write_parallel_snapshot(runtime_.world(), path, parts, meta);
+  } catch (const Error& e) {
+    MPIDDP_THROW_AGREED(e.message() + " (the previous snapshot is intact)");
+  }
+  std::string status;
+  if (rank == 0) {
     try {
-      Snapshot s;
-      detail::model_to_snapshot(*model_, s);
-      detail::optimizer_to_snapshot(*optimizer_, model_->named_parameters(), s);
-      for (size_t r = 0; r < rng.size(); ++r) {
-        auto t = torch::empty({static_cast<int64_t>(rng[r].size())}, torch::kByte);
-        std::memcpy(t.data_ptr(), rng[r].data(), rng[r].size());
-        s.tensors["rng/rank" + std::to_string(r)] = t;
-      }
-      const auto& script = model_->torchscript_bytes();
-      if (!script.empty()) {
-        auto t = torch::empty({static_cast<int64_t>(script.size())}, torch::kByte);
-        std::memcpy(t.data_ptr(), script.data(), script.size());
-        s.tensors["torchscript"] = t;
-      }
-      s.ints = {{"steps_per_epoch", steps_per_epoch_},
-                {"world_size", runtime_.size()},
-                {"threads", torch::get_num_threads()},
-                {"batch_size", o.batch_size},
-                {"grad_accum", o.grad_accum},
-                {"sampler_seed", static_cast<int64_t>(o.seed)},
-                {"sampler_epoch", p.epoch},
-                {"sampler_position", p.step_in_epoch * o.samples_per_step()},
-                {"sampler_shuffle", o.shuffle ? 1 : 0},
-                {"sampler_drop_last", o.drop_last ? 1 : 0}};
-      s.reals = {{"created_unix_s", detail::unix_seconds()}};
-      detail::position_to_snapshot(p, s);  // fp16: the scaler continues where it was
-      // Beside the codecs' own texts (the GPT's shape): added, not assigned.
-      s.texts.insert({{"model", model_->description()},
-                      {"optimizer", detail::optimizer_kind(*optimizer_)},
-                      {"model_fingerprint", fingerprint()},
-                      {"config", o.run_config},
-                      {"mpiddp_version", MPIDDP_VERSION},
-                      {"torch_version", compat::torch_version()}});
-      path = SnapshotDir(o.snapshot_dir).save(s, p.global_step, o.keep);
+      dir.publish(path, o.keep);
     } catch (const std::exception& e) {
       status = detail::reason_of(e);
     }
@@ -112,62 +121,55 @@ std::string incompatibility(const Snapshot& s, const std::string& fingerprint, c
 
 }  // namespace
 
-std::optional<detail::RunPosition> Trainer::restore(const std::function<void(const std::string&)>& note,
-                                                  std::string* from) {
+std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<void(const std::string&)>& note,
+                                                        std::string* from, detail::RunPosition& p) {
   const auto& o = options_;
-  // Rank 0 picks the snapshot and checks it; the verdict, then the file's bytes, are broadcast,
-  // so every rank loads the same state (the snapshot directory need not be shared).
-  std::string status, name;
-  std::vector<char> image;
-  if (runtime_.rank() == 0 && o.resume != "never") {
-    const bool automatic = o.resume == "auto";
-    std::vector<std::string> candidates;
-    if (!automatic) candidates.push_back(o.resume);
-    else if (!o.snapshot_dir.empty()) candidates = SnapshotDir(o.snapshot_dir).list();
-    const std::string mine = fingerprint();
-    for (const auto& path : candidates) {
-      try {
-        auto bytes = read_file_bytes(path);
-        const auto why = incompatibility(read_snapshot_image(bytes, path), mine, detail::optimizer_kind(*optimizer_));
-        if (!why.empty()) {
-          status = "cannot resume from snapshot '" + path + "': " + why;
-          break;
-        }
-        image = std::move(bytes);
-        name = path;
-        break;
-      } catch (const Error& e) {
-        if (!automatic) {
-          status = "cannot resume: " + e.message();
-          break;
-        }
-        if (note) note("warning: " + e.message() + "; falling back to the previous snapshot");
-      }
-    }
-    if (status.empty() && image.empty() && !candidates.empty()) {
-      status = "cannot resume: no valid snapshot in '" + o.snapshot_dir + "' (all " +
-               std::to_string(candidates.size()) + " refused; see above)";
+  if (o.resume == "never") return nullptr;
+  // Rank 0 names the candidates (the directory is every rank's: snapshots are written by all);
+  // every rank opens each in turn until one verifies, all with the same verdicts.
+  const bool automatic = o.resume == "auto";
+  std::string listed;
+  if (runtime_.rank() == 0) {
+    if (!automatic) listed = o.resume;
+    else if (!o.snapshot_dir.empty()) {
+      for (const auto& path : SnapshotDir(o.snapshot_dir).list()) listed += path + "\n";
     }
   }
-  broadcast_string(runtime_.world(), status);
-  if (!status.empty()) MPIDDP_THROW_AGREED(status);
-  broadcast_bytes(runtime_.world(), image);
-  if (image.empty()) return std::nullopt;
-  broadcast_string(runtime_.world(), name);
-  Snapshot s;
-  try {
-    s = read_snapshot_image(image, name);
-    detail::model_from_snapshot(*model_, s);
-    detail::optimizer_from_snapshot(*optimizer_, model_->named_parameters(), s, o.device);
-  } catch (const Error& e) {
-    MPIDDP_THROW_AGREED(e.message());  // the same bytes on every rank: the same verdict
+  broadcast_string(runtime_.world(), listed);
+  const auto candidates = detail::split_list(listed, '\n');
+  std::unique_ptr<detail::SnapshotReader> reader;
+  for (const auto& path : candidates) {
+    try {
+      reader = std::make_unique<detail::SnapshotReader>(runtime_.world(), path);
+      break;
+    } catch (const Error& e) {  // agreed: every rank is here with the same message
+      if (!automatic) MPIDDP_THROW_AGREED("cannot resume: " + e.message());
+      if (note) note("warning: " + e.message() + "; falling back to the previous snapshot");
+    }
   }
+  if (!reader) {
+    if (candidates.empty()) return nullptr;
+    MPIDDP_THROW_AGREED("cannot resume: no valid snapshot in '" + o.snapshot_dir + "' (all " +
+                        std::to_string(candidates.size()) + " refused; see above)");
+  }
+  const std::string name = reader->path();
+  const Snapshot& s = reader->meta();
+  const auto why = incompatibility(s, fingerprint(), detail::optimizer_kind(*optimizer_));
+  if (!why.empty()) MPIDDP_THROW_AGREED("cannot resume from snapshot '" + name + "': " + why);
   // Each rank continues its own random stream; ranks the snapshot did not have take rank 0's.
   const int saved_world = static_cast<int>(s.ints.at("world_size"));
   const int source = runtime_.rank() < saved_world ? runtime_.rank() : 0;
-  detail::set_rng_state(o.device, s.tensors.at("rng/rank" + std::to_string(source)));
+  try {
+    detail::model_from_reader(*model_, *reader);
+    detail::rng_from_reader(*reader, saved_world, source, o.device);
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const Error& e) {
+    MPIDDP_THROW_AGREED(e.message());  // the same catalog on every rank: the same verdict
+  }
 
-  detail::RunPosition p = detail::position_from_snapshot(s);
+  // Each rank continues its own random stream; ranks the snapshot did not have take rank 0's.
+  p = detail::position_from_snapshot(s);
   // Samples per rank per step: the batch times the micro-steps (snapshots before grad_accum: 1).
   const int64_t saved_batch = s.ints.at("batch_size") * (s.ints.count("grad_accum") ? s.ints.at("grad_accum") : 1);
   if (saved_world != runtime_.size() || saved_batch != o.samples_per_step()) {
@@ -190,7 +192,17 @@ std::optional<detail::RunPosition> Trainer::restore(const std::function<void(con
          std::to_string(p.global_step) + ", " + name + ")");
   }
   if (from) *from = name;
-  return p;
+  return reader;
+}
+
+void Trainer::restore_optimizer(detail::SnapshotReader& reader, ZeroOptimizer* zero) {
+  try {
+    detail::optimizer_from_reader(*optimizer_, model_->named_parameters(), zero, reader, options_.device);
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const Error& e) {
+    MPIDDP_THROW_AGREED(e.message());
+  }
 }
 
 }  // namespace mpiddp

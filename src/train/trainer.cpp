@@ -26,6 +26,7 @@
 #include "train/batch_source.hpp"
 #include "log/progress_log.hpp"
 #include "train/run_position.hpp"
+#include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_policy.hpp"
 #include "train/step_agreement.hpp"
 #include "train/task.hpp"
@@ -105,7 +106,7 @@ void Trainer::check_options() const {
   check_backend(pg_.backend(), o.device, runtime_, "TrainerOptions::device " + o.device.str());
   MPIDDP_CHECK(pg_.size() == runtime_.size() && pg_.rank() == runtime_.rank(),
                "the Trainer's process group must span the runtime's ranks");
-  // Only rank 0 writes snapshots: it alone needs the directory.
+  // Rank 0 makes the directory; fit() checks that every rank sees it (every rank writes snapshots).
   if (!o.snapshot_dir.empty() && runtime_.rank() == 0) SnapshotDir(o.snapshot_dir).ensure_writable();
 }
 
@@ -262,7 +263,9 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   detail::StopSignals stop_signals(o.stop_signals);
   const int read_ahead = detail::BatchSource::read_ahead(*train_, o, runtime_, note);
   FitResult result;
-  RunPosition p = restore(note, &result.resumed_from).value_or(RunPosition{});
+  if (detail::SnapshotPolicy(o).enabled()) detail::check_shared_directory(runtime_.world(), o.snapshot_dir);
+  RunPosition p;
+  auto resumed = restore(note, &result.resumed_from, p);
   const RunPlan plan(o.epochs, steps_per_epoch_, o.max_steps);
   DdpOptions ddp_options = o.ddp;
   ddp_options.mean_tail_values = detail::StepAgreement::kSlots;  // the agreement rides with the gradients
@@ -271,14 +274,17 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options);
   detail::StepAgreement agreement(ddp.mean_tail(), pg_);
   detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp);
+  if (resumed) {  // the optimizer's state last: under ZeRO each rank reads only its slices
+    restore_optimizer(*resumed, update.zero());
+    resumed.reset();
+  }
   detail::ProgressLog progress(*logs_, o, runtime_, plan, p, task_->tokens_per_sample(), on_note);
   detail::BatchSource batches(*train_, o, runtime_, plan, p, read_ahead);
   const detail::SnapshotPolicy snapshots(o);
   auto snapshot = [&](RunPosition at) {
     auto hold = batches.pause();  // HDF5 is not thread-safe: the reader waits
     update.save_state(at);
-    const detail::GatheredState whole = update.whole_optimizer_state();
-    return save(at);
+    return save(at, update.zero());
   };
   double first_step_unix_s = 0;
   int64_t saved_step = -1;  ///< the global step of the last snapshot after_step wrote

@@ -33,14 +33,6 @@ bool Update::apply() {
   return !overflow;
 }
 
-GatheredState::GatheredState(ZeroOptimizer* zero) : zero_(zero) {
-  if (zero_) zero_->gather_state(0);
-}
-
-GatheredState::~GatheredState() {
-  if (zero_) zero_->drop_gathered_state();
-}
-
 void Update::save_state(RunPosition& p) const {
   if (!scaler_) return;
   p.loss_scale = scaler_->scale_value();

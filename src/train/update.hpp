@@ -6,7 +6,7 @@
 //
 // Cross-rank contract: every rank calls apply() at the same steps (after StepAgreement settled
 // that the step's loss was finite everywhere); fp16's verdict is one all-reduce inside it, ZeRO's
-// norm another. whole_optimizer_state() is collective under ZeRO.
+// norm another.
 #pragma once
 
 #include <mpiddp/process_group.hpp>
@@ -24,21 +24,6 @@
 
 namespace mpiddp::detail {
 
-/// While alive, the optimizer holds its whole state on rank 0, as a snapshot reads it: under ZeRO
-/// gathered from the shards (collective) and dropped again at its end; otherwise it holds it anyway.
-class GatheredState {
- public:
-  explicit GatheredState(ZeroOptimizer* zero);
-  ~GatheredState();
-  GatheredState(GatheredState&& other) noexcept : zero_(std::exchange(other.zero_, nullptr)) {}
-  GatheredState(const GatheredState&) = delete;
-  GatheredState& operator=(const GatheredState&) = delete;
-  GatheredState& operator=(GatheredState&&) = delete;
-
- private:
-  ZeroOptimizer* zero_;
-};
-
 class Update {
  public:
   /// `params`: what clipping and unscaling see (the trainable parameters). The fp16 scaler
@@ -55,8 +40,8 @@ class Update {
   void save_state(RunPosition& p) const;
   /// The loss scale now (0: no loss scaling).
   double loss_scale() const { return scaler_ ? scaler_->scale_value() : 0.0; }
-  /// The optimizer's whole state on rank 0 while the result lives (collective under ZeRO).
-  GatheredState whole_optimizer_state() { return GatheredState(zero_.get()); }
+  /// The ZeroOptimizer that shards the optimizer (null at stage 0): snapshots write its slices.
+  ZeroOptimizer* zero() const { return zero_.get(); }
 
  private:
   torch::optim::Optimizer& optimizer_;

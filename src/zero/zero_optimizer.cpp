@@ -156,32 +156,87 @@ void ZeroOptimizer::for_each_in_slice(size_t bucket,
   }
 }
 
-void ZeroOptimizer::gather_state(int root) {
-  torch::NoGradGuard no_grad;
+torch::Tensor ZeroOptimizer::known_state() const {
   const auto& spec = shardable(outer_);
   const auto& params = ddp_.parameters();
   const auto& names = spec.state_fields;
-  // Which fields each parameter has and its step: every rank learns them from the owners.
   const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
-  // known[i][0]: parameter i's step + 1 (0: no state yet); known[i][1 + f]: whether it has field f.
   auto known = torch::zeros({static_cast<int64_t>(params.size()), static_cast<int64_t>(names.size()) + 1},
                             torch::TensorOptions().dtype(torch::kLong));
-  std::vector<std::map<std::string, torch::Tensor>> piece_fields(pieces_.size());
   {
     auto mine = known.accessor<int64_t, 2>();
     for (size_t k = 0; k < pieces_.size() && inner_; ++k) {
       const auto* st = state_of(*inner_, shards_[k]);
       if (!st) continue;
       const auto fields = spec.fields_of(*st);
-      piece_fields[k] = fields.tensors;
       const auto i = static_cast<int64_t>(pieces_[k].param);
       mine[i][0] = fields.step + 1;
-      for (size_t f = 0; f < names.size(); ++f) mine[i][static_cast<int64_t>(f) + 1] = fields.tensors.count(names[f]);
+      for (size_t f = 0; f < names.size(); ++f) {
+        const auto it = fields.tensors.find(names[f]);
+        if (it != fields.tensors.end()) mine[i][static_cast<int64_t>(f) + 1] = 1 + static_cast<int64_t>(it->second.scalar_type());
+      }
     }
   }
   known = known.to(device);
   pg_.allreduce(known, ReduceOp::kMax);
-  known = known.cpu();
+  return known.cpu();
+}
+
+const ZeroOptimizer::Piece* ZeroOptimizer::piece_of(size_t param) const {
+  for (const auto& piece : pieces_) {
+    if (piece.param == param) return &piece;  // a parameter lies in one bucket: one piece at most
+  }
+  return nullptr;
+}
+
+std::pair<int64_t, int64_t> ZeroOptimizer::owned_range(size_t i) const {
+  const auto* piece = piece_of(i);
+  return piece ? std::make_pair(piece->in_param, piece->numel) : std::make_pair(int64_t{0}, int64_t{0});
+}
+
+std::vector<ZeroOptimizer::StateLayout> ZeroOptimizer::state_layout() const {
+  const auto& names = shardable(outer_).state_fields;
+  const auto known = known_state();
+  const auto has = known.accessor<int64_t, 2>();
+  std::vector<StateLayout> layout(ddp_.parameters().size());
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const auto row = static_cast<int64_t>(i);
+    layout[i].present = has[row][0] > 0;
+    layout[i].step = has[row][0] - 1;
+    for (size_t f = 0; f < names.size(); ++f) {
+      const int64_t code = has[row][static_cast<int64_t>(f) + 1];
+      if (code > 0) layout[i].fields[names[f]] = static_cast<c10::ScalarType>(code - 1);
+    }
+  }
+  return layout;
+}
+
+std::optional<ParamStateFields> ZeroOptimizer::owned_state(size_t i) const {
+  const auto* piece = piece_of(i);
+  if (!piece || !inner_) return std::nullopt;
+  const auto* st = state_of(*inner_, shards_[static_cast<size_t>(piece - pieces_.data())]);
+  if (!st) return std::nullopt;
+  return shardable(outer_).fields_of(*st);
+}
+
+void ZeroOptimizer::set_owned_state(size_t i, const ParamStateFields& fields) {
+  const auto* piece = piece_of(i);
+  MPIDDP_CHECK(piece && inner_, "ZeroOptimizer: this rank holds no elements of parameter " + std::to_string(i));
+  auto& state = inner_->state();
+  const auto& shard = shards_[static_cast<size_t>(piece - pieces_.data())];
+  state[compat::optimizer_state_key(state, shard.unsafeGetTensorImpl())] = shardable(outer_).state_from(fields);
+}
+
+void ZeroOptimizer::gather_state(int root) {
+  torch::NoGradGuard no_grad;
+  const auto& spec = shardable(outer_);
+  const auto& params = ddp_.parameters();
+  const auto& names = spec.state_fields;
+  std::vector<std::map<std::string, torch::Tensor>> piece_fields(pieces_.size());
+  for (size_t k = 0; k < pieces_.size() && inner_; ++k) {
+    if (const auto* st = state_of(*inner_, shards_[k])) piece_fields[k] = spec.fields_of(*st).tensors;
+  }
+  const auto known = known_state();
   const auto has = known.accessor<int64_t, 2>();
 
   std::vector<ParamStateFields> whole(params.size());

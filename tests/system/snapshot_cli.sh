@@ -123,7 +123,7 @@ PY
     check "$damage newest snapshot: auto says it falls back" contains "^warning: snapshot '$newest' .*; falling back to the previous snapshot" "$out"
     check "$damage newest snapshot: resumes from the previous one" contains "^Resuming training from snapshot at Epoch 3, step 8 (global step 32" "$out"
     check "$damage newest snapshot: completes" [ "$rc" -eq 0 ]
-    [ $damage = flip ] && want="is corrupt: the CRC-32 of its bytes does not match" || want="is truncated: "
+    [ $damage = flip ] && want="is corrupt: the CRC-32 of dataset /model/fc1.weight does not match" || want="is truncated: "
     run_np 2 "$mpiddp" "${cnn[@]}" --resume "$tmp/$damage-bad.h5"
     check "$damage snapshot named by --resume: refused" failed_cleanly
     check "$damage snapshot named by --resume: one line" one_line "$err"

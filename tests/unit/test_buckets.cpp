@@ -1,5 +1,6 @@
 // The bucket rule: reverse registration order, first-bucket cap, dtype boundaries, oversize params.
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/zero.hpp>
 
 #include <gtest/gtest.h>
 
@@ -43,4 +44,18 @@ TEST(Buckets, DtypeChangeStartsNewBucket) {
 TEST(Buckets, BadCapsThrow) {
   EXPECT_THROW(assign_buckets({1}, {c10::kFloat}, 0, 1), mpiddp::Error);
   EXPECT_THROW(assign_buckets({1, 2}, {c10::kFloat}, 1, 1), mpiddp::Error);
+}
+
+TEST(BucketCap, TheReductionChoosesItUnlessTheUserDid) {
+  // DDP keeps PyTorch's 25 MiB; ZeRO takes a 16th of the gradient within 1-25 MiB, so that a bucket
+  // in flight stays small beside what sharding saves (the GPT of 10.9 M float parameters: 2.7 MiB).
+  const int64_t mib = int64_t{1} << 20, gpt = int64_t{10'900'000} * 4;
+  EXPECT_EQ(mpiddp::kAutoBucketCap, mpiddp::DdpOptions{}.bucket_cap_bytes);
+  EXPECT_EQ(mpiddp::all_reduce()->bucket_cap(gpt), 25 * mib);
+  for (int stage : {1, 2}) {
+    const auto r = mpiddp::zero_reduction(stage);
+    EXPECT_EQ(r->bucket_cap(gpt), gpt / 16) << "stage " << stage;
+    EXPECT_EQ(r->bucket_cap(4 * mib), mib) << "stage " << stage;                 // at least 1 MiB
+    EXPECT_EQ(r->bucket_cap(int64_t{4} << 30), 25 * mib) << "stage " << stage;  // at most DDP's
+  }
 }

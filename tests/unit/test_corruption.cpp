@@ -24,12 +24,17 @@
 #include <random>
 #include <sstream>
 
+#include "run_isolated.hpp"
+
 namespace fs = std::filesystem;
+
+using mpiddp::testing::kCaseSeconds;
+using mpiddp::testing::Outcome;
+using mpiddp::testing::run_isolated;
 
 namespace {
 
 constexpr int kSeedsPerKind = 150;
-constexpr unsigned kCaseSeconds = 20;  // a case still running after this is a hang
 
 enum class Kind { kBitFlip, kBytes8, kZero64, kTruncate };
 const char* kind_name(Kind k) {
@@ -59,52 +64,6 @@ std::vector<char> corrupt(const std::vector<char>& original, Kind kind, uint32_t
       case Kind::kTruncate: out.resize(std::uniform_int_distribution<size_t>(0, n - 1)(rng)); break;
     }
     if (out != original) return out;
-  }
-}
-
-struct Outcome {
-  enum { kAccepted, kCleanError, kOtherException, kCrashed, kHung } what;
-  std::string detail;  // the error line, or the signal
-};
-
-// Runs `read` on `bytes` in a forked child: exit 0 = accepted, 3 = mpiddp::Error (message sent
-// back through a pipe), 4 = another exception; killed by SIGALRM = hung; any other signal = crash.
-Outcome run_isolated(const std::function<void()>& read) {
-  int fds[2];
-  if (pipe(fds) != 0) return {Outcome::kOtherException, "pipe failed"};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    alarm(kCaseSeconds);
-    int code = 0;
-    std::string message;
-    try {
-      read();
-    } catch (const mpiddp::Error& e) {
-      code = 3, message = e.message();
-    } catch (const std::exception& e) {
-      code = 4, message = e.what();
-    }
-    if (!message.empty()) (void)!write(fds[1], message.data(), message.size());
-    close(fds[1]);
-    _exit(code);  // no destructors, no atexit: the child only reports
-  }
-  close(fds[1]);
-  std::string message;
-  char buf[4096];
-  ssize_t got;
-  while ((got = ::read(fds[0], buf, sizeof buf)) > 0) message.append(buf, static_cast<size_t>(got));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    return {sig == SIGALRM ? Outcome::kHung : Outcome::kCrashed, strsignal(sig)};
-  }
-  switch (WEXITSTATUS(status)) {
-    case 0: return {Outcome::kAccepted, ""};
-    case 3: return {Outcome::kCleanError, message};
-    default: return {Outcome::kOtherException, message};
   }
 }
 

@@ -1,0 +1,691 @@
+#include "snapshot/parallel_snapshot.hpp"
+
+#include <mpiddp/config.hpp>
+#include <mpiddp/error.hpp>
+#include <mpiddp/runtime.hpp>
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "common/check_hdf5.hpp"
+#include "common/host.hpp"
+#include "common/text.hpp"
+
+namespace mpiddp::detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+/// The most bytes one MPI message or one verification read carries.
+constexpr int64_t kPieceBytes = int64_t{16} << 20;
+
+int rank_of(MPI_Comm comm) {
+  int r = 0;
+  MPI_Comm_rank(comm, &r);
+  return r;
+}
+int size_of(MPI_Comm comm) {
+  int n = 1;
+  MPI_Comm_size(comm, &n);
+  return n;
+}
+
+// The first thing that went wrong on this rank. Collective calls go on after a failure (so no
+// rank waits for one that left), and agree() turns any rank's failure into every rank's error.
+struct Failures {
+  std::string first;
+  template <class F>
+  void run(F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      if (first.empty()) first = reason_of(e);
+    }
+  }
+};
+
+void agree(MPI_Comm comm, const Failures& f, const std::string& context) {
+  int failed = f.first.empty() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+  if (failed == 0) return;
+  for (const auto& why : allgather_strings(comm, f.first)) {
+    if (!why.empty()) MPIDDP_THROW_AGREED(context + why);
+  }
+}
+
+// A part's elements in host memory: the tensor itself when it lives there (no copy).
+torch::Tensor host_bytes(const torch::Tensor& t) {
+  return t.defined() ? t.detach().to(torch::kCPU).contiguous() : torch::Tensor();
+}
+
+// Sends or receives `bytes` bytes at `data` in pieces MPI's int counts can carry.
+void send_bytes(const void* data, int64_t bytes, int to, MPI_Comm comm) {
+  for (int64_t off = 0; off < bytes; off += kPieceBytes) {
+    MPI_Send(static_cast<const char*>(data) + off, static_cast<int>(std::min(kPieceBytes, bytes - off)), MPI_BYTE, to,
+             0, comm);
+  }
+}
+void receive_bytes(void* data, int64_t bytes, int from, MPI_Comm comm) {
+  for (int64_t off = 0; off < bytes; off += kPieceBytes) {
+    MPI_Recv(static_cast<char*>(data) + off, static_cast<int>(std::min(kPieceBytes, bytes - off)), MPI_BYTE, from, 0,
+             comm, MPI_STATUS_IGNORE);
+  }
+}
+
+json meta_to_json(const Snapshot& s) { return {{"ints", s.ints}, {"reals", s.reals}, {"texts", s.texts}}; }
+void meta_from_json(const json& j, Snapshot& s) {
+  s.ints = j.at("ints").get<std::map<std::string, int64_t>>();
+  s.reals = j.at("reals").get<std::map<std::string, double>>();
+  s.texts = j.at("texts").get<std::map<std::string, std::string>>();
+}
+
+// Rank 0's `j` on every rank.
+json broadcast_json(MPI_Comm comm, const json& j) {
+  std::string text = rank_of(comm) == 0 ? j.dump() : std::string();
+  broadcast_string(comm, text);
+  return json::parse(text);
+}
+
+// Every rank's extent of every tensor; checks that the ranks declare the same tensors and that
+// each tensor's parts tile it. Returns, per tensor, the ranks' (first, numel) in rank order.
+std::vector<std::vector<std::pair<int64_t, int64_t>>> gather_extents(MPI_Comm comm,
+                                                                     const std::vector<TensorPart>& tensors) {
+  const int n = size_of(comm);
+  std::string schema;
+  for (const auto& t : tensors) {
+    schema += t.name + ' ' + dtype_of(t.dtype).name;
+    for (auto d : t.shape) schema += ' ' + std::to_string(d);
+    schema += '\n';
+  }
+  int64_t mine[2] = {static_cast<int64_t>(crc_of(schema.data(), schema.size())), static_cast<int64_t>(tensors.size())};
+  std::vector<int64_t> all(2 * static_cast<size_t>(n));
+  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm);
+  for (int r = 1; r < n; ++r) {
+    MPIDDP_CHECK(all[2 * r] == all[0] && all[2 * r + 1] == all[1],
+                 "rank " + std::to_string(r) + " declares other tensors than rank 0 (a model or optimizer that "
+                 "differs between ranks)");
+  }
+  std::vector<int64_t> local;
+  for (const auto& t : tensors) local.push_back(t.first), local.push_back(t.part.defined() ? t.part.numel() : 0);
+  std::vector<int64_t> every(local.size() * static_cast<size_t>(n));
+  MPI_Allgather(local.data(), static_cast<int>(local.size()), MPI_INT64_T, every.data(), static_cast<int>(local.size()),
+                MPI_INT64_T, comm);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> extents(tensors.size());
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    int64_t numel = 1;
+    for (auto d : tensors[k].shape) numel *= d;
+    std::vector<std::pair<int64_t, int64_t>> parts;
+    for (int r = 0; r < n; ++r) parts.emplace_back(every[local.size() * r + 2 * k], every[local.size() * r + 2 * k + 1]);
+    auto sorted = parts;
+    std::sort(sorted.begin(), sorted.end());
+    int64_t next = 0;
+    for (const auto& [first, count] : sorted) {
+      if (count == 0) continue;
+      MPIDDP_CHECK(first == next, "the ranks' parts of '" + tensors[k].name + "' do not tile it");
+      next += count;
+    }
+    MPIDDP_CHECK(next == numel, "the ranks' parts of '" + tensors[k].name + "' do not cover it");
+    extents[k] = std::move(parts);
+  }
+  return extents;
+}
+
+// The dataset's CRC-32 from its parts' (extents and CRCs per rank), combined in element order.
+int64_t combined_crc(const std::vector<std::pair<int64_t, int64_t>>& extents, const std::vector<uint32_t>& crcs,
+                     size_t element_size) {
+  std::vector<size_t> order(extents.size());
+  for (size_t r = 0; r < order.size(); ++r) order[r] = r;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return extents[a].first < extents[b].first; });
+  uint32_t crc = crc_of(nullptr, 0);
+  for (size_t r : order) {
+    if (extents[r].second > 0) crc = crc_combine(crc, crcs[r], extents[r].second * static_cast<int64_t>(element_size));
+  }
+  return crc;
+}
+
+hid_t space_of(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return H5Screate(H5S_SCALAR);
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  return H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+}
+
+Hid file_access(MPI_Comm comm, SnapshotIo io) {
+  Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  // HDF5 1.10's format: its metadata carries checksums of its own, so damage there is refused.
+  MPIDDP_CHECK_HDF5(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110));
+#if MPIDDP_HDF5_PARALLEL
+  if (io == SnapshotIo::kParallel) MPIDDP_CHECK_HDF5(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL));
+#else
+  (void)comm;
+  MPIDDP_CHECK(io == SnapshotIo::kThroughRankZero, "this mpiddp's HDF5 is not parallel");
+#endif
+  return fapl;
+}
+
+Hid transfer(SnapshotIo io, bool collective) {
+  Hid dxpl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
+#if MPIDDP_HDF5_PARALLEL
+  if (io == SnapshotIo::kParallel) {
+    MPIDDP_CHECK_HDF5(H5Pset_dxpl_mpio(dxpl.get(), collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT));
+  }
+#else
+  (void)io, (void)collective;
+#endif
+  return dxpl;
+}
+
+// Writes elements [first, first + count) of `dataset` from `data` (count 0: takes part with none).
+void write_range(hid_t dataset, const DtypeInfo& dt, const std::vector<int64_t>& shape, int64_t first, int64_t count,
+                 const void* data, hid_t dxpl) {
+  Hid file_space(MPIDDP_CHECK_HDF5(H5Dget_space(dataset)), H5Sclose);
+  select_flat_range(file_space.get(), shape, first, count);
+  const hsize_t n = static_cast<hsize_t>(std::max<int64_t>(count, 1));
+  Hid memory(MPIDDP_CHECK_HDF5(H5Screate_simple(1, &n, nullptr)), H5Sclose);
+  if (count == 0) MPIDDP_CHECK_HDF5(H5Sselect_none(memory.get()));
+  static const char none = 0;
+  MPIDDP_CHECK_HDF5(H5Dwrite(dataset, dt.mem_type, memory.get(), file_space.get(), dxpl, count ? data : &none));
+}
+
+void read_range(hid_t dataset, const DtypeInfo& dt, const std::vector<int64_t>& shape, int64_t first, int64_t count,
+                void* data, hid_t dxpl) {
+  Hid file_space(MPIDDP_CHECK_HDF5(H5Dget_space(dataset)), H5Sclose);
+  select_flat_range(file_space.get(), shape, first, count);
+  const hsize_t n = static_cast<hsize_t>(std::max<int64_t>(count, 1));
+  Hid memory(MPIDDP_CHECK_HDF5(H5Screate_simple(1, &n, nullptr)), H5Sclose);
+  if (count == 0) MPIDDP_CHECK_HDF5(H5Sselect_none(memory.get()));
+  char none = 0;
+  MPIDDP_CHECK_HDF5(H5Dread(dataset, dt.mem_type, memory.get(), file_space.get(), dxpl, count ? data : &none));
+}
+
+// Refuses a write the file system has no room for, before any rank starts it.
+void check_room(const fs::path& dir, int64_t data_bytes, size_t datasets) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return;  // unknown: the write itself will say
+  const auto free_bytes = static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+  // HDF5's own metadata: about 1 KiB per dataset and a few KiB more.
+  const int64_t need = data_bytes + static_cast<int64_t>(datasets) * 1024 + (int64_t{64} << 10);
+  MPIDDP_CHECK(need <= free_bytes, "no room on the file system of '" + dir.string() + "': the snapshot needs " +
+                                       std::to_string(need >> 20) + " MiB, " + std::to_string(free_bytes >> 20) +
+                                       " MiB are free");
+}
+
+void fsync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  MPIDDP_CHECK(fd >= 0, "cannot open '" + path + "' to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  MPIDDP_CHECK(rc == 0, "fsync of '" + path + "' failed: " + std::strerror(err));
+}
+
+// Rank 0, once every rank's part is in: the header (the file's layout and the CRC-32 of HDF5's
+// structure, read back: metadata only, not the data) over the user block, the file synced,
+// renamed over `path`, the directory synced.
+void seal(const std::string& tmp, const std::string& path, const fs::path& dir, Layout layout) {
+  layout.file_bytes = fs::file_size(tmp);
+  std::sort(layout.raw.begin(), layout.raw.end());
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
+  MPIDDP_CHECK(fd >= 0, "cannot open '" + tmp + "': " + std::strerror(errno));
+  int err = 0;
+  try {
+    layout.structure_crc = structure_crc(layout, [&](uint64_t at, uint64_t n, char* into) {
+      MPIDDP_CHECK(::pread(fd, into, n, static_cast<off_t>(at)) == static_cast<ssize_t>(n),
+                   "cannot read back '" + tmp + "': " + std::strerror(errno));
+    });
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  const std::string block = layout_block(layout);
+  if (::pwrite(fd, block.data(), block.size(), 0) != static_cast<ssize_t>(block.size())) err = errno;
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  MPIDDP_CHECK(err == 0, "cannot write the header of '" + tmp + "': " + std::strerror(err));
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  MPIDDP_CHECK(!ec, "cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  fsync_path(dir.string(), O_RDONLY | O_DIRECTORY);
+}
+
+}  // namespace
+
+SnapshotIo default_snapshot_io() {
+  return MPIDDP_HDF5_PARALLEL ? SnapshotIo::kParallel : SnapshotIo::kThroughRankZero;
+}
+
+void check_shared_directory(MPI_Comm comm, const std::string& dir) {
+  const int rank = rank_of(comm);
+  std::string token, probe;
+  Failures f;
+  if (rank == 0) {
+    f.run([&] {
+      token = local_hostname() + " " + std::to_string(::getpid()) + " " + std::to_string(unix_seconds());
+      probe = (fs::path(dir) / (".mpiddp-shared-" + std::to_string(::getpid()))).string();
+      std::ofstream out(probe);
+      out << token;
+      out.close();
+      MPIDDP_CHECK(out.good(), "cannot write '" + probe + "': " + std::strerror(errno));
+    });
+  }
+  agree(comm, f, "");
+  broadcast_string(comm, token);
+  broadcast_string(comm, probe);
+  if (rank != 0) {
+    std::ifstream in(probe);
+    const std::string seen((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (seen != token) {
+      f.first = "snapshot directory '" + dir + "' is not shared: rank " + std::to_string(rank) + " on " + local_hostname() +
+                " does not see what rank 0 writes there (snapshots are one file written by every rank: put them on "
+                "a file system every node mounts, not a node-local one such as /tmp)";
+    }
+  }
+  MPI_Barrier(comm);  // every rank has looked before the probe goes
+  if (rank == 0) {
+    std::error_code ignored;
+    fs::remove(probe, ignored);
+  }
+  agree(comm, f, "");
+}
+
+TensorPart even_share(const std::string& name, const torch::Tensor& whole, int rank, int size) {
+  const auto flat = whole.detach().reshape(-1);
+  const int64_t n = flat.numel();
+  const int64_t lo = n * rank / size, hi = n * (rank + 1) / size;
+  return {name, whole.scalar_type(), whole.sizes().vec(), lo, flat.narrow(0, lo, hi - lo)};
+}
+
+TensorPart owned_by(int owner, int rank, const std::string& name, const torch::Tensor& whole) {
+  return {name, whole.scalar_type(), whole.sizes().vec(), 0, rank == owner ? whole : torch::Tensor()};
+}
+
+void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::vector<TensorPart>& tensors,
+                             const Snapshot& meta, SnapshotIo io) {
+  quiet_hdf5();
+  const int rank = rank_of(comm), n = size_of(comm);
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string tmp = (dir / ("." + target.filename().string() + ".tmp")).string();
+  const std::string context = "cannot write snapshot '" + path + "': ";
+  const bool writes = io == SnapshotIo::kParallel || rank == 0;  // this rank opens the file
+
+  // What every rank must agree on before a byte is written: the tensors, their parts, the room.
+  Snapshot attrs;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> extents;
+  {
+    Failures f;
+    f.run([&] {
+      meta_from_json(broadcast_json(comm, meta_to_json(meta)), attrs);
+      extents = gather_extents(comm, tensors);
+    });
+    if (rank == 0) {
+      int64_t bytes = 0;
+      for (const auto& t : tensors) {
+        int64_t numel = 1;
+        for (auto d : t.shape) numel *= d;
+        bytes += numel * static_cast<int64_t>(c10::elementSize(t.dtype));
+      }
+      f.run([&] { check_room(dir, bytes, tensors.size()); });
+    }
+    agree(comm, f, context);
+  }
+
+  Failures f;
+  Hid file;
+  Layout layout;
+  layout.header_bytes = layout_header_bytes(tensors.size());
+  f.run([&] {
+    if (!writes) return;
+    Hid fcpl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_CREATE)), H5Pclose);
+    MPIDDP_CHECK_HDF5(H5Pset_userblock(fcpl.get(), layout.header_bytes));
+    Hid fapl = file_access(comm, io);
+    const hid_t id = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
+    MPIDDP_CHECK(id >= 0, "cannot create '" + tmp + "': " + hdf5_error_text());
+    file = Hid(id, H5Fclose);
+  });
+  agree(comm, f, context);
+
+  // The datasets and their bytes: every rank its part (or rank 0 everyone's, received in turn).
+  std::vector<uint32_t> part_crcs(tensors.size());
+  {
+    Hid lcpl, dcpl, dxpl;
+    f.run([&] {
+      lcpl = Hid(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
+      MPIDDP_CHECK_HDF5(H5Pset_create_intermediate_group(lcpl.get(), 1));
+      dcpl = Hid(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
+      MPIDDP_CHECK_HDF5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));  // every byte is written once
+      dxpl = transfer(io, true);
+    });
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const auto& t = tensors[k];
+      const auto& dt = dtype_of(t.dtype);
+      const auto host = host_bytes(t.part);
+      const int64_t count = host.defined() ? host.numel() : 0;
+      part_crcs[k] = count ? crc_of(host.data_ptr(), static_cast<size_t>(host.nbytes())) : crc_of(nullptr, 0);
+      Hid dataset;
+      if (writes) {
+        f.run([&] {
+          Hid space(MPIDDP_CHECK_HDF5(space_of(t.shape)), H5Sclose);
+          dataset = Hid(MPIDDP_CHECK_HDF5(H5Dcreate2(file.get(), t.name.c_str(), dt.file_type, space.get(), lcpl.get(),
+                                                     dcpl.get(), H5P_DEFAULT)),
+                        H5Dclose);
+          write_text_attr(dataset.get(), kDtypeAttr, dt.name);
+        });
+      }
+      if (io == SnapshotIo::kParallel) {
+        f.run([&] { write_range(dataset.get(), dt, t.shape, t.first, count, host.defined() ? host.data_ptr() : nullptr, dxpl.get()); });
+        continue;
+      }
+      if (rank != 0) {
+        if (count) send_bytes(host.data_ptr(), host.nbytes(), 0, comm);
+        continue;
+      }
+      for (int r = 0; r < n; ++r) {
+        const auto [first, numel] = extents[k][static_cast<size_t>(r)];
+        if (numel == 0) continue;
+        torch::Tensor bytes = host;
+        if (r != 0) {
+          bytes = torch::empty({numel}, torch::TensorOptions().dtype(t.dtype));
+          receive_bytes(bytes.data_ptr(), bytes.nbytes(), r, comm);
+        }
+        f.run([&] { write_range(dataset.get(), dt, t.shape, first, numel, bytes.data_ptr(), dxpl.get()); });
+      }
+    }
+  }
+
+  // Each dataset's CRC-32 from its parts', then the root's attributes and the manifest's checksum.
+  std::vector<uint32_t> every(part_crcs.size() * static_cast<size_t>(n));
+  MPI_Allgather(part_crcs.data(), static_cast<int>(part_crcs.size()), MPI_UINT32_T, every.data(),
+                static_cast<int>(part_crcs.size()), MPI_UINT32_T, comm);
+  std::map<std::string, DatasetEntry> manifest;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    std::vector<uint32_t> crcs;
+    for (int r = 0; r < n; ++r) crcs.push_back(every[part_crcs.size() * r + k]);
+    const auto& t = tensors[k];
+    manifest[t.name] = {&dtype_of(t.dtype), t.shape, combined_crc(extents[k], crcs, c10::elementSize(t.dtype))};
+  }
+  if (writes) {
+    f.run([&] {
+      for (const auto& [name, d] : manifest) {
+        Hid dataset(MPIDDP_CHECK_HDF5(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT)), H5Dclose);
+        write_scalar_attr(dataset.get(), kCrcAttr, H5T_NATIVE_INT64, &d.crc);
+        const haddr_t at = H5Dget_offset(dataset.get());  // where its data lies (none: empty)
+        const hsize_t bytes = H5Dget_storage_size(dataset.get());
+        if (at != HADDR_UNDEF && bytes > 0) layout.raw.emplace_back(at, bytes);
+      }
+      write_text_attr(file.get(), "format", kSnapshotFormat);
+      write_scalar_attr(file.get(), "format_version", H5T_NATIVE_INT64, &kParallelFormat);
+      for (const auto& [name, v] : attrs.ints) write_scalar_attr(file.get(), name, H5T_NATIVE_INT64, &v);
+      for (const auto& [name, v] : attrs.reals) write_scalar_attr(file.get(), name, H5T_NATIVE_DOUBLE, &v);
+      for (const auto& [name, v] : attrs.texts) write_text_attr(file.get(), name, v);
+      const int64_t checksum = manifest_checksum(manifest, attrs);
+      write_scalar_attr(file.get(), kChecksumAttr, H5T_NATIVE_INT64, &checksum);
+    });
+    f.run([&] {  // flushed (MPI_File_sync) and closed collectively: every rank's bytes are in
+      MPIDDP_CHECK_HDF5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
+      MPIDDP_CHECK_HDF5(H5Fclose(file.release()));
+    });
+  }
+  try {
+    agree(comm, f, context);
+    Failures sealed;
+    if (rank == 0) sealed.run([&] { seal(tmp, path, dir, layout); });
+    agree(comm, sealed, context);
+  } catch (const Error&) {
+    file = Hid();
+    if (rank == 0) {
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+    }
+    throw;
+  }
+}
+
+// ---- reading -----------------------------------------------------------------------------------
+
+struct SnapshotReader::File {
+  Hid file;
+  Hid dxpl;
+};
+
+namespace {
+
+json catalog_to_json(const Catalog& c) {
+  json datasets = json::object();
+  for (const auto& [name, d] : c.datasets) datasets[name] = {{"dtype", d.dtype->name}, {"shape", d.shape}, {"crc", d.crc}};
+  return {{"meta", meta_to_json(c.meta)}, {"datasets", datasets}};
+}
+
+void catalog_from_json(const json& j, Snapshot& meta, std::map<std::string, DatasetEntry>& datasets) {
+  meta_from_json(j.at("meta"), meta);
+  for (const auto& [name, d] : j.at("datasets").items()) {
+    datasets[name] = {dtype_named(d.at("dtype").get<std::string>()), d.at("shape").get<std::vector<int64_t>>(),
+                      d.at("crc").get<int64_t>()};
+  }
+}
+
+// Rank 0's look at the file: its format (1, 2 or 3), after checking a format-3 file's layout
+// (header, size, the CRC-32 of HDF5's structure) so that HDF5 never parses damaged structure.
+int64_t format_of(const std::string& path) {
+  MPIDDP_CHECK(fs::exists(path), "snapshot '" + path + "' does not exist");
+  const auto size = fs::file_size(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MPIDDP_CHECK(fd >= 0, "cannot open '" + path + "': " + std::strerror(errno));
+  auto read = [&](uint64_t at, uint64_t n, char* into) {
+    for (uint64_t done = 0; done < n;) {
+      const ssize_t got = ::pread(fd, into + done, n - done, static_cast<off_t>(at + done));
+      MPIDDP_CHECK(got > 0 || (got < 0 && errno == EINTR), "cannot read '" + path + "'");
+      if (got > 0) done += static_cast<uint64_t>(got);
+    }
+  };
+  int64_t format = kWholeFileFormat;  // unless shown otherwise: its reader says what is wrong
+  try {
+    std::string first(std::min<uintmax_t>(size, kUserBlock), '\0');
+    read(0, first.size(), first.data());
+    if (first.compare(0, sizeof kHdf5Signature - 1, kHdf5Signature) == 0) format = 1;
+    if (layout_header_size(first) > 0) {
+      verify_layout(path, size, read);
+      format = kParallelFormat;
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return format;
+}
+
+}  // namespace
+
+SnapshotReader::SnapshotReader(MPI_Comm comm, const std::string& path, SnapshotIo io)
+    : comm_(comm), path_(path), io_(io) {
+  quiet_hdf5();
+  const int rank = rank_of(comm);
+  int64_t format = 0;
+  Failures f;
+  if (rank == 0) f.run([&] { format = format_of(path); });
+  agree(comm, f, "");
+  MPI_Bcast(&format, 1, MPI_INT64_T, 0, comm);
+
+  if (format != kParallelFormat) {  // one writer's file: rank 0 reads it, every rank parses its bytes
+    std::vector<char> image;
+    if (rank == 0) f.run([&] { image = read_file_bytes(path); });
+    agree(comm, f, "");
+    broadcast_bytes(comm, image);
+    Failures parsed;
+    parsed.run([&] { whole_ = std::make_unique<Snapshot>(read_snapshot_image(image, path)); });
+    agree(comm, parsed, "");
+    meta_ = *whole_;
+    meta_.tensors.clear();
+    for (const auto& [name, t] : whole_->tensors) datasets_[name] = {&dtype_of(t.scalar_type()), t.sizes().vec(), -1};
+    return;
+  }
+
+  file_ = std::make_unique<File>();
+  json catalog;
+  if (io == SnapshotIo::kParallel || rank == 0) {
+    f.run([&] {
+      Hid fapl = file_access(comm, io);
+      const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+      MPIDDP_CHECK(id >= 0, "snapshot '" + path + "' is not a readable HDF5 file (truncated or damaged: " +
+                                hdf5_error_text() + ")");
+      file_->file = Hid(id, H5Fclose);
+      file_->dxpl = transfer(io, false);  // independent reads: a rank's failure holds no other rank
+    });
+  }
+  if (rank == 0) {
+    f.run([&] {
+      Catalog c = read_catalog(file_->file.get(), path);
+      MPIDDP_CHECK(static_cast<int64_t>(manifest_checksum(c.datasets, c.meta)) == c.stored_checksum,
+                   "snapshot '" + path + "' is corrupt: its checksum does not match its contents");
+      catalog = catalog_to_json(c);
+    });
+  }
+  agree(comm, f, "");
+  catalog_from_json(broadcast_json(comm, catalog), meta_, datasets_);
+
+  // Every dataset's bytes against its CRC-32: each rank an even share, in bounded pieces.
+  const int n = size_of(comm);
+  std::vector<uint32_t> crcs;
+  std::vector<std::pair<int64_t, int64_t>> shares;
+  for (const auto& [name, d] : datasets_) {
+    const int64_t numel = d.numel(), lo = numel * rank / n, hi = numel * (rank + 1) / n;
+    const int64_t piece = std::max<int64_t>(1, kPieceBytes / static_cast<int64_t>(c10::elementSize(d.dtype->type)));
+    const int64_t pieces = (numel / n + 1 + piece - 1) / piece;  // the same count on every rank
+    uint32_t crc = crc_of(nullptr, 0);
+    torch::Tensor buffer = torch::empty({std::min(piece, std::max<int64_t>(hi - lo, 0))}, d.dtype->type);
+    for (int64_t i = 0; i < pieces; ++i) {
+      const int64_t a = std::min(hi, lo + i * piece), b = std::min(hi, a + piece);
+      auto out = buffer.narrow(0, 0, b - a);
+      read(name, a, out);
+      crc = crc_update(crc, out.data_ptr(), static_cast<size_t>(out.nbytes()));
+    }
+    crcs.push_back(crc);
+  }
+  std::vector<uint32_t> every(crcs.size() * static_cast<size_t>(n));
+  MPI_Allgather(crcs.data(), static_cast<int>(crcs.size()), MPI_UINT32_T, every.data(), static_cast<int>(crcs.size()),
+                MPI_UINT32_T, comm);
+  size_t k = 0;
+  for (const auto& [name, d] : datasets_) {
+    std::vector<std::pair<int64_t, int64_t>> extents;
+    std::vector<uint32_t> parts;
+    for (int r = 0; r < n; ++r) {
+      const int64_t lo = d.numel() * r / n, hi = d.numel() * (r + 1) / n;
+      extents.emplace_back(lo, hi - lo);
+      parts.push_back(every[crcs.size() * r + k]);
+    }
+    if (failed_.empty() && combined_crc(extents, parts, c10::elementSize(d.dtype->type)) != d.crc) {
+      failed_ = "snapshot '" + path + "' is corrupt: the CRC-32 of dataset /" + name +
+                " does not match the one stored with it";
+    }
+    ++k;
+  }
+  verdict();
+}
+
+SnapshotReader::~SnapshotReader() = default;
+
+const DatasetEntry* SnapshotReader::find(const std::string& name) const {
+  const auto it = datasets_.find(name);
+  return it == datasets_.end() ? nullptr : &it->second;
+}
+
+void SnapshotReader::read(const std::string& name, int64_t first, torch::Tensor& out) {
+  const int64_t count = out.defined() ? out.numel() : 0;
+  const auto* d = find(name);
+  auto fail = [&](const std::string& why) {
+    if (failed_.empty()) failed_ = why;
+  };
+  if (!d || (count > 0 && !(out.is_contiguous() && out.device().is_cpu() && out.scalar_type() == d->dtype->type &&
+                            first >= 0 && first + count <= d->numel()))) {
+    fail("snapshot '" + path_ + "': a read of " + name + " outside the file, or into the wrong kind of tensor");
+    if (io_ == SnapshotIo::kParallel || whole_) return;
+  }
+  try {
+    if (whole_) {
+      if (count) out.copy_(whole_->tensors.at(name).reshape(-1).narrow(0, first, count));
+    } else if (io_ == SnapshotIo::kParallel) {
+      if (count) read_range(open_dataset(name).get(), *d->dtype, d->shape, first, count, out.data_ptr(), file_->dxpl.get());
+    } else {
+      read_through_rank_zero(name, d, first, count, out);
+    }
+  } catch (const std::exception& e) {
+    fail(reason_of(e));
+  }
+}
+
+detail::Hid SnapshotReader::open_dataset(const std::string& name) const {
+  return Hid(MPIDDP_CHECK_HDF5(H5Dopen2(file_->file.get(), name.c_str(), H5P_DEFAULT)), H5Dclose);
+}
+
+// Rank 0 reads every rank's range and sends it: a failed read still sends (verdict() tells).
+void SnapshotReader::read_through_rank_zero(const std::string& name, const DatasetEntry* d, int64_t first,
+                                            int64_t count, torch::Tensor& out) {
+  const int rank = rank_of(comm_), n = size_of(comm_);
+  int64_t mine[2] = {first, count};
+  std::vector<int64_t> all(2 * static_cast<size_t>(n));
+  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm_);
+  if (rank != 0) {
+    if (count) receive_bytes(out.data_ptr(), out.nbytes(), 0, comm_);
+    return;
+  }
+  std::string error;
+  for (int r = 0; r < n; ++r) {
+    const int64_t numel = all[2 * r + 1];
+    if (numel == 0) continue;
+    auto buffer = r == 0 ? out : torch::empty({numel}, torch::TensorOptions().dtype(d ? d->dtype->type : torch::kByte));
+    try {
+      MPIDDP_CHECK(d, "snapshot '" + path_ + "' has no tensor " + name);
+      read_range(open_dataset(name).get(), *d->dtype, d->shape, all[2 * r], numel, buffer.data_ptr(), file_->dxpl.get());
+    } catch (const Error& e) {
+      if (error.empty()) error = e.message();
+    }
+    if (r != 0) send_bytes(buffer.data_ptr(), buffer.nbytes(), r, comm_);
+  }
+  MPIDDP_CHECK(error.empty(), error);
+}
+
+void SnapshotReader::verdict() {
+  Failures f;
+  f.first = std::exchange(failed_, std::string());
+  agree(comm_, f, "");
+}
+
+torch::Tensor SnapshotReader::read_whole(const std::string& name) {
+  const auto* d = find(name);
+  if (!d) {  // every rank alike: the same catalog
+    failed_ = "snapshot '" + path_ + "' has no tensor " + name;
+    verdict();
+  }
+  auto whole = torch::empty(d->shape, d->dtype->type);
+  // An even share each, then all-gathered in place: the file is read once, not once per rank.
+  const int rank = rank_of(comm_), n = size_of(comm_);
+  const int64_t numel = whole.numel(), elem = static_cast<int64_t>(whole.element_size());
+  if (numel * elem > INT_MAX) {  // beyond MPI's int counts: every rank reads all of it
+    auto flat = whole.view(-1);
+    read(name, 0, flat);
+    return whole;
+  }
+  std::vector<int> counts(static_cast<size_t>(n)), offsets(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    offsets[r] = static_cast<int>(numel * r / n * elem);
+    counts[r] = static_cast<int>(numel * (r + 1) / n * elem) - offsets[r];
+  }
+  auto share = whole.view(-1).narrow(0, numel * rank / n, counts[rank] / elem);
+  read(name, numel * rank / n, share);
+  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, whole.data_ptr(), counts.data(), offsets.data(), MPI_BYTE, comm_);
+  return whole;
+}
+
+}  // namespace mpiddp::detail

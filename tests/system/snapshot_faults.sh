@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Snapshots written by every rank into one file, under faults: a rank killed while the file is being
+# written leaves a directory that resumes (the previous snapshot whole, the half-written one never
+# named by latest.h5 and cleared by the rerun); a full file system (a small tmpfs, where this machine
+# lets us mount one) is one clean line and a non-zero exit (every rank stops alike), with the previous snapshot
+# intact and readable. usage: snapshot_faults.sh MPIDDP_BINARY
+source "$(dirname "$0")/lib.sh"
+mpiddp=$1
+tmp=$(mktemp -d)
+mounted=
+trap '[ -n "$mounted" ] && umount "$mounted"; rm -rf "$tmp"' EXIT
+MPIDDP_TEST_DEADLINE=240
+
+"$TEST_PYTHON" - "$tmp/text.txt" <<'PY'
+import random, sys
+random.seed(3)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
+open(sys.argv[1], "w").write(" ".join(random.choice(words) for _ in range(6000)))
+PY
+"$mpiddp" data text --in "$tmp/text.txt" --out "$tmp/tiny" --val-fraction 0.1 >/dev/null
+# About 3 M parameters with AdamW: a 40 MB snapshot, long enough to write that a kill lands inside it.
+gpt=(train --model gpt --n-layer 4 --n-head 4 --n-embd 256 --block-size 32 --vocab-size 256
+     --data "$tmp/tiny_train_000001.bin" --batch-size 2 --threads 1 --optimizer adamw --lr 0.001)
+latest_step() {
+  local t
+  t=$(readlink "$1/latest.h5" 2>/dev/null) || { echo 0; return; }
+  t=${t#snapshot-step}
+  echo $((10#${t%.h5}))
+}
+
+ended_soon() { [ "$rc" -ne 0 ] && [ $(( $(date +%s) - t0 )) -lt 30 ]; }
+
+# ---- a rank killed while every rank writes its part -----------------------------------------------
+for stage in 0 2; do
+  d=$tmp/kill-s$stage
+  start_bg 2 "$mpiddp" "${gpt[@]}" --zero-stage $stage --max-steps 40 --save-every-steps 1 --keep 2 --snapshot-dir "$d"
+  # Until a snapshot after the first is under way: its temporary file exists, latest.h5 names an older one.
+  caught=
+  for _ in $(seq 1 200000); do
+    if [ "$(latest_step "$d")" -ge 1 ] && compgen -G "$d/.snapshot-step*.h5.tmp" >/dev/null; then
+      t0=$(date +%s)
+      kill -9 "$(rank_pid "$d" 1)" && caught=$(compgen -G "$d/.snapshot-step*.h5.tmp" | head -n 1)
+      break
+    fi
+    kill -0 "$bg" 2>/dev/null || break
+  done
+  wait_bg
+  check "stage $stage: rank 1 killed while snapshot $(basename "$caught") was being written" [ -n "$caught" ]
+  # (137: mpiexec passes the killed rank's signal on)
+  check "stage $stage: ... ends the job non-zero within 30 s" ended_soon
+  before=$(latest_step "$d")
+  check "stage $stage: ... latest.h5 names a complete earlier snapshot (step $before)" \
+    "$mpiddp" export "$d/latest.h5" --out "$tmp/probe-$stage.pt"
+  run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage $stage --max-steps 40 --save-every-steps 1 --keep 2 --snapshot-dir "$d" --resume auto
+  check "stage $stage: the rerun resumes from step $before" contains "^Resuming training from snapshot at .*(global step $before," "$out"
+  check "stage $stage: ... and completes" [ "$rc" -eq 0 ]
+  check "stage $stage: ... leaving no half-written file" [ -z "$(compgen -G "$d/.snapshot-step*.h5.tmp")" ]
+done
+
+# ---- a full file system -----------------------------------------------------------------------------
+small=(train --model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --vocab-size 256
+       --data "$tmp/tiny_train_000001.bin" --batch-size 2 --threads 1 --optimizer adamw --lr 0.001 --save-every-steps 2)
+run_np 2 "$mpiddp" "${small[@]}" --max-steps 2 --snapshot-dir "$tmp/sizing"
+bytes=$(stat -L -c %s "$tmp/sizing/latest.h5")
+mkdir -p "$tmp/full"
+if mount -t tmpfs -o size=$(( bytes * 3 / 2 / 4096 * 4096 + 4096 )) mpiddp-test "$tmp/full" 2>/dev/null; then
+  mounted=$tmp/full
+  # Room for one snapshot and a half: the second cannot be written while the first is kept.
+  run_np 2 "$mpiddp" "${small[@]}" --max-steps 6 --keep 1 --snapshot-dir "$tmp/full"
+  check "full disk: non-zero exit, no hang" failed_cleanly
+  check "full disk: one line" one_line "$err"
+  check "full disk: ... saying there is no room and that the previous snapshot is intact" \
+    contains "no room on the file system of '$tmp/full'.*(the previous snapshot is intact)" "$err"
+  check "full disk: latest.h5 is the step-2 snapshot" [ "$(latest_step "$tmp/full")" -eq 2 ]
+  check "full disk: ... whole and readable" "$mpiddp" export "$tmp/full/latest.h5" --out "$tmp/full-probe.pt"
+  check "full disk: ... nothing half-written left" [ -z "$(compgen -G "$tmp/full/.snapshot-step*.h5.tmp")" ]
+else
+  echo "SKIP - full disk: this machine does not let the test mount a tmpfs (needs root)"
+fi
+finish
