@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# ZeRO's memory and speed: the built-in GPT of 6 layers x 6 heads x 384 (block 256, vocabulary 256:
-# 10.84 M parameters), AdamW, micro-batch 4, 2 ranks x 1 thread, trained at --zero-stage 0, 1, 2 in
-# one call, rounds interleaved. Per stage: each rank's peak RSS (GNU time) in the long run, the
-# saving against stage 0 and its share of the ideal saving (stage 1: 8 B/param x (N-1)/N, Adam's
-# two moments; stage 2: 12 B/param x (N-1)/N, also the gradient); tokens/s as the wall-clock
-# marginal of two run lengths (start-up cancels) and its ratio to stage 0's. Buckets of 2 MiB at
-# every stage (MPIDDP_ZERO_BUCKET_MB): stage 2 holds up to two buckets' buffers while they are
-# reduced, and the all-gather after the step one bucket's, so a bucket must be small against the
-# model (the 25 MiB default is half of this one's 43 MB of gradients).
+# ZeRO's memory and speed without snapshots (with them, as a run has them: bench/snapshot_bench.sh):
+# the built-in GPT of 6 layers x 6 heads x 384 (block 256, vocabulary 256: 10.84 M parameters),
+# AdamW, micro-batch 4, 2 ranks x 1 thread, trained at --zero-stage 0, 1, 2 in one call, rounds
+# interleaved, default options (the bucket cap by the reduction's rule; MPIDDP_ZERO_BUCKET_MB sets
+# one). Per stage: each rank's peak RSS (GNU time) in the long run and its share of the ideal saving
+# (stage 1: 8 B/param x (N-1)/N, Adam's two moments; stage 2: 12 B/param x (N-1)/N, also the
+# gradient); tokens/s as the wall-clock marginal of two run lengths (start-up cancels). Records
+# (bench/lib.sh); the table by bench/report.py, against stage 0.
 #   usage: bench/zero_bench.sh [BUILD_DIR] [ROUNDS] [RANKS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +16,9 @@ ranks=${3:-2}
 bash scripts/deps.sh time >&2
 bash scripts/build.sh "$build" >&2
 text=$(workload_text)
-layers=6 heads=6 width=384 block=256 vocab=256 batch=4 bucket_mb=${MPIDDP_ZERO_BUCKET_MB:-2}
+layers=6 heads=6 width=384 block=256 vocab=256 batch=4
+buckets=()
+[ -n "${MPIDDP_ZERO_BUCKET_MB:-}" ] && buckets=(--bucket-cap-mb "$MPIDDP_ZERO_BUCKET_MB")
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for stage in 0 1 2; do
@@ -28,7 +29,7 @@ for round in $(seq 1 "$rounds"); do
         --model gpt --n-layer $layers --n-head $heads --n-embd $width --block-size $block --vocab-size $vocab \
         --data "$text" --batch-size $batch --max-steps $steps --epochs 1000 \
         --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight-decay 0.1 --weight-decay-params matrices \
-        --clip-grad-norm 1.0 --zero-stage $stage --bucket-cap-mb "$bucket_mb" --first-bucket-cap-mb 1 --threads 1 \
+        --clip-grad-norm 1.0 --zero-stage $stage "${buckets[@]}" --threads 1 \
         --log-every 0 >/dev/null
       t1=$(date +%s.%N)
       /usr/bin/python3 -c 'import json, sys
@@ -40,30 +41,24 @@ print(json.dumps({"round": int(sys.argv[1]), "stage": int(sys.argv[2]), "steps":
     done
   done
 done
-save_results "$out/results.jsonl"
-/usr/bin/python3 - "$out/results.jsonl" $layers $width $block $vocab "$ranks" <<'PY'
-import json, statistics, sys
+/usr/bin/python3 - "$out/results.jsonl" $layers $width $block $vocab "$ranks" <<'PY' | while read -r rnd who metric value unit; do
+import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 L, C, T, V, N = (int(a) for a in sys.argv[2:7])
 params = L * (12 * C * C + 13 * C) + V * C + T * C + 2 * C  # nanoGPT's GPT with biases, lm_head tied
-ideal = {0: 0, 1: 8 * params * (N - 1) / N, 2: 12 * params * (N - 1) / N}
-def per_stage(stage):
-    rates, peaks = [], []
-    for rnd in sorted({r["round"] for r in rows}):
-        runs = sorted((r for r in rows if r["round"] == rnd and r["stage"] == stage), key=lambda r: r["steps"])
-        short, long = runs[0], runs[-1]
-        rates.append((long["tokens"] - short["tokens"]) / (long["seconds"] - short["seconds"]))
-        peaks.append(max(long["rss_kib"]) * 1024)
-    return statistics.median(rates), statistics.median(peaks), rates
-base_rate, base_peak, _ = per_stage(0)
-print(f"GPT {L} layers x {C} wide, block {T}, vocabulary {V}: {params / 1e6:.2f} M parameters; {N} ranks x 1 thread; "
-      f"medians over {len({r['round'] for r in rows})} rounds")
-print("| stage | peak RSS per rank, MiB | saved vs stage 0, MiB | ideal saving, MiB | share of ideal | tokens/s | vs stage 0 |")
-print("|---|---|---|---|---|---|---|")
-for stage in (0, 1, 2):
-    rate, peak, rates = per_stage(stage)
-    saved = base_peak - peak
-    share = f"{saved / ideal[stage]:.0%}" if ideal[stage] else "-"
-    print(f"| {stage} | {peak / 2**20:.0f} | {saved / 2**20:.0f} | {ideal[stage] / 2**20:.0f} | {share} | "
-          f"{rate:.0f} ({', '.join(f'{r:.0f}' for r in rates)}) | {rate / base_rate:.3f} |")
+ideal = {1: 8 * params * (N - 1) / N, 2: 12 * params * (N - 1) / N}
+for rnd in sorted({r["round"] for r in rows}):
+    peak = {}
+    for stage in (0, 1, 2):
+        short, long = sorted((r for r in rows if r["round"] == rnd and r["stage"] == stage), key=lambda r: r["steps"])
+        peak[stage] = max(long["rss_kib"]) * 1024
+        print(rnd, f"stage_{stage}", "tokens/s", (long["tokens"] - short["tokens"]) / (long["seconds"] - short["seconds"]), "tokens/s")
+        print(rnd, f"stage_{stage}", "peak_RSS_per_rank", peak[stage] / 2**20, "MiB")
+        if stage:
+            print(rnd, f"stage_{stage}", "share_of_ideal_saving", 100 * (peak[0] - peak[stage]) / ideal[stage], "%")
 PY
+  record debian12 "$rnd" "${who/_/ }" "${metric//_/ }" "$value" "$unit"
+done
+save_results
+save_results "$out/results.jsonl"
+python3 bench/report.py --bench zero --ref "stage 0" "$out/records.jsonl"

@@ -78,7 +78,8 @@ struct TrainerOptions {
   std::string data_format = "auto";
   /// Token data: the tokens of a sample's input (windows of block_size + 1 at stride block_size).
   int64_t block_size = 0;
-  int64_t epochs = 1;
+  /// Passes over the training set; 0: as many as max_steps takes (nanoGPT's max_iters), else 1.
+  int64_t epochs = 0;
   int64_t max_steps = 0;      ///< stop after this many optimizer steps in all (0: no cap)
   int64_t batch_size = 64;    ///< per rank and micro-step
   /// Micro-steps per optimizer step: each rank runs grad_accum forward/backward passes of

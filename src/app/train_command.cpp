@@ -88,7 +88,7 @@ std::vector<Row> step_options() {
                 "micro-batches per optimizer step (each loss / K; gradients reduced only in the last)"),
       option<C>("zero-stage", [](C& c) -> auto& { return c.t.zero_stage; },
                 "0 (DDP) | 1 (ZeRO: each rank keeps 1/N of the optimizer state) | 2 (and 1/N of the gradients)"),
-      option<C>("epochs", [](C& c) -> auto& { return c.t.epochs; }, "passes over the training set"),
+      option<C>("epochs", [](C& c) -> auto& { return c.t.epochs; }, "passes over the training set (0: as many as --max-steps takes, else 1)"),
       option<C>("max-steps", [](C& c) -> auto& { return c.t.max_steps; },
                 "stop after this many steps in all (0: no cap)"),
       option<C>("batch-size", [](C& c) -> auto& { return c.t.batch_size; }, "samples per rank per step"),

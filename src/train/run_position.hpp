@@ -38,9 +38,11 @@ struct RunPosition {
 struct RunPlan {
   int64_t epochs = 0, steps_per_epoch = 0, total_steps = 0;
 
+  /// `epochs_` 0: as many passes as `max_steps` takes (the last one cut short), or one without it.
   RunPlan(int64_t epochs_, int64_t steps_per_epoch_, int64_t max_steps)
-      : epochs(epochs_), steps_per_epoch(steps_per_epoch_),
-        total_steps(max_steps > 0 ? std::min(max_steps, epochs_ * steps_per_epoch_) : epochs_ * steps_per_epoch_) {}
+      : epochs(epochs_ > 0 ? epochs_ : max_steps > 0 ? (max_steps + steps_per_epoch_ - 1) / steps_per_epoch_ : 1),
+        steps_per_epoch(steps_per_epoch_),
+        total_steps(max_steps > 0 ? std::min(max_steps, epochs * steps_per_epoch_) : epochs * steps_per_epoch_) {}
 
   bool running(const RunPosition& p) const { return p.epoch < epochs && p.global_step < total_steps; }
   bool epoch_running(const RunPosition& p) const {

@@ -13,7 +13,8 @@ namespace mpiddp {
 void TrainerOptions::validate(const std::function<std::string(const std::string& field)>& name, int rank) const {
   const auto n = [&](const char* field) { return name ? name(field) : "TrainerOptions::" + std::string(field); };
   MPIDDP_CHECK(!data.empty(), n("data") + " (the training set) is required");
-  MPIDDP_CHECK(epochs > 0, n("epochs") + " must be > 0, got " + std::to_string(epochs));
+  MPIDDP_CHECK(epochs >= 0, n("epochs") + " must be >= 0 (0: as many as " + n("max_steps") + " takes), got " +
+                                std::to_string(epochs));
   MPIDDP_CHECK(batch_size > 0, n("batch_size") + " must be > 0, got " + std::to_string(batch_size));
   MPIDDP_CHECK(grad_accum > 0, n("grad_accum") + " must be > 0 (1: no accumulation), got " + std::to_string(grad_accum));
   check_zero_stage(zero_stage, n("zero_stage"));

@@ -3,9 +3,10 @@
 # written leaves a directory that resumes (the previous snapshot whole, the half-written one never
 # named by latest.h5 and cleared by the rerun); a full file system (a small tmpfs, where this machine
 # lets us mount one) is one clean line and a non-zero exit (every rank stops alike), with the previous snapshot
-# intact and readable. usage: snapshot_faults.sh MPIDDP_BINARY
+# intact and readable. And the schema page: every key a snapshot holds is one docs/snapshots.md lists.
+# usage: snapshot_faults.sh MPIDDP_BINARY DOCS_SNAPSHOTS_MD
 source "$(dirname "$0")/lib.sh"
-mpiddp=$1
+mpiddp=$1 schema_doc=$2
 tmp=$(mktemp -d)
 mounted=
 trap '[ -n "$mounted" ] && umount "$mounted"; rm -rf "$tmp"' EXIT
@@ -56,6 +57,33 @@ for stage in 0 2; do
   check "stage $stage: ... and completes" [ "$rc" -eq 0 ]
   check "stage $stage: ... leaving no half-written file" [ -z "$(compgen -G "$d/.snapshot-step*.h5.tmp")" ]
 done
+
+# ---- the schema page lists every key the codec writes ---------------------------------------------
+documented() {  # documented SNAPSHOT: its attributes, groups, optimizer fields and dataset attributes are in the page
+  "$TEST_PYTHON" - "$1" "$schema_doc" <<'PY'
+import h5py, re, sys
+doc = open(sys.argv[2]).read()
+names = set(re.findall(r"`([A-Za-z_0-9]+)`", doc))
+where = {"model": "`/model/<name>`", "optimizer": "`/optimizer/<param>/<field>`", "rng": "`/rng/rank<r>`",
+         "torchscript": "`/torchscript`"}
+f = h5py.File(sys.argv[1], "r")
+missing = sorted(a for a in f.attrs if a not in names)
+def visit(name, obj):
+    if not isinstance(obj, h5py.Dataset):
+        return
+    top = name.split("/")[0]
+    if where.get(top) is None or where[top] not in doc:
+        missing.append("/" + name)
+    if top == "optimizer" and name.split("/")[-1] not in names:
+        missing.append("/" + name)
+    missing.extend(f"/{name}@{a}" for a in obj.attrs if a not in names)
+f.visititems(visit)
+print("undocumented:", ", ".join(missing[:10]) or "none")
+sys.exit(1 if missing else 0)
+PY
+}
+check "schema: every key of a stage-0 GPT snapshot is in docs/snapshots.md" documented "$tmp/kill-s0/latest.h5"
+check "schema: every key of a stage-2 GPT snapshot is in docs/snapshots.md" documented "$tmp/kill-s2/latest.h5"
 
 # ---- a full file system -----------------------------------------------------------------------------
 small=(train --model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --vocab-size 256

@@ -86,6 +86,10 @@ check "config + env + flag: exit 0" [ "$rc" -eq 0 ]
 check "the flag wins over the config file" contains "^\[RANK 1\] Epoch 2 | Batchsize: 128 | Steps: 8$" "$out"
 MPIDDP_BATCH_SIZE=16 run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --max-steps 2
 check "the environment applies when nothing else sets it" contains "Batchsize: 16 " "$out"
+# --max-steps without --epochs: as many passes as it takes (16 steps a pass here), the last cut short.
+run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --max-steps 20
+check "--max-steps 20 alone: a second pass, cut at step 20" contains "^\[RANK 0\] Epoch 2 | Batchsize: 64 | Steps: 4$" "$out"
+check "--max-steps 20 alone: ... and no third" lacks "Epoch 3" "$out"
 
 bad() {  # bad "description" "expected text" args...
   local desc=$1 want=$2
@@ -105,7 +109,7 @@ bad "cnn on 20 features" "--model cnn needs inputs of \[1, 28, 28\]" --model cnn
 bad "unknown option" "unrecognised option '--frobnicate'" --data "$tmp/syn.h5" --frobnicate 1
 bad "zero batch" "--batch-size must be > 0" --model linear --data "$tmp/syn.h5" --batch-size 0
 bad "negative batch" "--batch-size must be > 0" --model linear --data "$tmp/syn.h5" --batch-size -3
-bad "zero epochs" "--epochs must be > 0" --model linear --data "$tmp/syn.h5" --epochs 0
+bad "negative epochs" "--epochs must be >= 0" --model linear --data "$tmp/syn.h5" --epochs -1
 bad "negative lr" "--lr must be > 0" --model linear --data "$tmp/syn.h5" --lr -0.1
 bad "zero lr" "--lr must be > 0" --model linear --data "$tmp/syn.h5" --lr 0
 bad "not a number" "invalid" --model linear --data "$tmp/syn.h5" --batch-size lots

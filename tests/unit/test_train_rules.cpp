@@ -57,6 +57,20 @@ TEST(RunPlan, StepsLeftMatchesTheLoops) {
   }
 }
 
+TEST(RunPlan, WithoutEpochsMaxStepsTakesAsManyPassesAsItNeeds) {
+  const RunPlan cut(0, 10, 25);  // 2 whole passes and half a third
+  EXPECT_EQ(cut.epochs, 3);
+  EXPECT_EQ(cut.total_steps, 25);
+  EXPECT_EQ(simulate_steps(cut, RunPosition{}), 25);
+  const RunPlan exact(0, 10, 30);
+  EXPECT_EQ(exact.epochs, 3);
+  EXPECT_EQ(simulate_steps(exact, RunPosition{}), 30);
+  const RunPlan one(0, 10, 0);  // neither: one pass
+  EXPECT_EQ(one.epochs, 1);
+  EXPECT_EQ(one.total_steps, 10);
+  EXPECT_EQ(RunPlan(2, 10, 25).total_steps, 20);  // --epochs given: it caps
+}
+
 TEST(RunPlan, NextEpochStartsAfresh) {
   RunPosition p;
   p.epoch = 2, p.step_in_epoch = 5, p.global_step = 40, p.loss_sum = 3.5, p.seconds = 1.25, p.skipped = 1;
@@ -103,7 +117,7 @@ TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
   };
   const std::vector<Case> cases = {
       {[](auto& o) { o.data.clear(); }, "--data (the training set) is required"},
-      {[](auto& o) { o.epochs = 0; }, "--epochs must be > 0, got 0"},
+      {[](auto& o) { o.epochs = -1; }, "--epochs must be >= 0 (0: as many as --max_steps takes), got -1"},
       {[](auto& o) { o.batch_size = -2; }, "--batch_size must be > 0, got -2"},
       {[](auto& o) { o.max_steps = -1; }, "--max_steps must be >= 0"},
       {[](auto& o) { o.log_every_steps = -2; }, "--log_every_steps must be >= -1"},
@@ -128,8 +142,9 @@ TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
     EXPECT_NE(error_of([&] { o.validate(flag); }).find(c.says), std::string::npos) << c.says;
   }
   mpiddp::TrainerOptions o = good;
-  o.epochs = 0;
-  EXPECT_EQ(error_of([&] { o.validate(); }), "TrainerOptions::epochs must be > 0, got 0");
+  o.epochs = -1;
+  EXPECT_EQ(error_of([&] { o.validate(); }),
+            "TrainerOptions::epochs must be >= 0 (0: as many as TrainerOptions::max_steps takes), got -1");
   // A resume file is read by rank 0 alone: only there must it exist.
   o = good;
   o.resume = "/nonexistent/snapshot.h5";
