@@ -89,7 +89,8 @@ struct TrainerOptions {
   /// ZeRO (zero.hpp): 0 plain DDP; 1 each rank keeps the optimizer's state for its 1/N of the
   /// parameters only (gradients all-reduced, parameters all-gathered after the step); 2 also only
   /// its 1/N of the averaged gradient (buckets reduce-scattered during backward). The optimizer
-  /// must be SGD, Adam or AdamW. Snapshots stay whole: a run resumes at any stage and rank count.
+  /// must be SGD, Adam or AdamW. Each rank writes its own slices into the one snapshot file, which
+  /// holds every tensor whole: a run resumes at any stage and rank count.
   /// The state lives in the shards during fit() and ends with it (gathering it whole on every rank
   /// would cost what stage 0 costs): after fit() the optimizer holds none; continue from a snapshot.
   int zero_stage = 0;
@@ -151,7 +152,7 @@ struct TrainerOptions {
 
   /// Throws mpiddp::Error (one line) for an option outside its range, naming the field as `name`
   /// spells it (nullptr: "TrainerOptions::<field>"; the CLI passes its flags' names). On rank 0 a
-  /// resume file must exist (only rank 0 reads it). The Trainer's constructor calls it.
+  /// resume file must exist (rank 0 reports it; every rank then opens it). The Trainer's constructor calls it.
   void validate(const std::function<std::string(const std::string& field)>& name = nullptr, int rank = 0) const;
 };
 

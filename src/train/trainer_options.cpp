@@ -41,7 +41,7 @@ void TrainerOptions::validate(const std::function<std::string(const std::string&
   MPIDDP_CHECK(prefetch_batches >= 0,
                n("prefetch_batches") + " must be >= 0 (0: no reader thread), got " + std::to_string(prefetch_batches));
   MPIDDP_CHECK(!resume.empty(), n("resume") + " takes auto, never or a snapshot file");
-  // Only rank 0 reads the snapshot (and broadcasts it): only there must the file exist.
+  // Checked where the error is printed; every rank opens it (a rank that cannot: resume says so).
   if (resume != "auto" && resume != "never" && rank == 0) {
     MPIDDP_CHECK(std::filesystem::exists(resume), n("resume") + ": snapshot '" + resume + "' does not exist");
   }

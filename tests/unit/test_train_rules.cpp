@@ -145,7 +145,7 @@ TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
   o.epochs = -1;
   EXPECT_EQ(error_of([&] { o.validate(); }),
             "TrainerOptions::epochs must be >= 0 (0: as many as TrainerOptions::max_steps takes), got -1");
-  // A resume file is read by rank 0 alone: only there must it exist.
+  // A missing resume file is reported by rank 0 (every rank then opens it).
   o = good;
   o.resume = "/nonexistent/snapshot.h5";
   EXPECT_EQ(error_of([&] { o.validate(nullptr, 0); }),
