@@ -85,6 +85,53 @@ PY
 check "schema: every key of a stage-0 GPT snapshot is in docs/snapshots.md" documented "$tmp/kill-s0/latest.h5"
 check "schema: every key of a stage-2 GPT snapshot is in docs/snapshots.md" documented "$tmp/kill-s2/latest.h5"
 
+# ---- damage that keeps the file's own header true ------------------------------------------------
+# reseal SNAPSHOT: after an edit with h5py, rewrite the header as mpiddp would (the file's size, the
+# raw extents, the CRC-32 of HDF5's structure), so that only the checks behind it can refuse it.
+reseal() {
+  "$TEST_PYTHON" - "$1" <<'PY'
+import h5py, json, os, sys, zlib
+path = sys.argv[1]
+with open(path, "rb") as f:
+    first = f.read(512).split(b"\n")[0].decode()
+size = int(first.split()[3])
+raw = []
+with h5py.File(path, "r") as f:
+    f.visititems(lambda n, o: raw.append([o.id.get_offset(), o.id.get_storage_size()])
+                 if isinstance(o, h5py.Dataset) and o.id.get_offset() is not None and o.id.get_storage_size() else None)
+raw.sort()
+data = open(path, "rb").read()
+crc, at = 0, size
+for off, n in raw:
+    crc = zlib.crc32(data[at:off], crc)
+    at = off + n
+crc = zlib.crc32(data[at:], crc)
+header = f"mpiddp-snapshot 3 header {size}\n" + json.dumps({"bytes": len(data), "structure_crc32": crc, "raw": raw},
+                                                            separators=(",", ":"), sort_keys=True) + "\n"
+with open(path, "r+b") as f:
+    f.write(header.encode().ljust(size, b"\0"))
+PY
+}
+damaged() {  # damaged NAME PYTHON-EDIT: a copy of the stage-0 snapshot edited by h5py, then resealed
+  cp "$tmp/kill-s0/latest.h5" "$tmp/$1.h5"
+  "$TEST_PYTHON" -c "import h5py, numpy; f = h5py.File('$tmp/$1.h5', 'r+'); $2; f.close()"
+  reseal "$tmp/$1.h5"
+}
+damaged wrong-crc 'f["model/transformer.ln_f.weight"].attrs["crc32"] = numpy.int64(12345)'
+damaged wrong-bytes 'd = f["model/transformer.wte.weight"]; d[0, 0] = d[0, 0] + 1'
+damaged missing 'del f["model/transformer.h.0.attn.c_attn.weight"]'
+# A dataset's bytes changed: its CRC-32 refuses it. Its stored CRC changed, or a dataset gone: the
+# root checksum over every dataset's name and CRC refuses it first.
+for case in "wrong-bytes:is corrupt: the CRC-32 of dataset /model/transformer.wte.weight does not match" \
+            "wrong-crc:is corrupt: its checksum does not match its contents" \
+            "missing:is corrupt: its checksum does not match its contents"; do
+  name=${case%%:*} want=${case#*:}
+  run_np 2 "$mpiddp" "${gpt[@]}" --max-steps 40 --resume "$tmp/$name.h5"
+  check "$name (header resealed): refused, no hang" failed_cleanly
+  check "$name: one line" one_line "$err"
+  check "$name: says '$want'" contains "$want" "$err"
+done
+
 # ---- a full file system -----------------------------------------------------------------------------
 small=(train --model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --vocab-size 256
        --data "$tmp/tiny_train_000001.bin" --batch-size 2 --threads 1 --optimizer adamw --lr 0.001 --save-every-steps 2)
