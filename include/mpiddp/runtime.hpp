@@ -131,4 +131,10 @@ void broadcast_bytes(MPI_Comm comm, std::vector<char>& bytes, int root = 0);
 /// All ranks agree on a verdict: true only if `local_ok` is true on every rank. Collective.
 bool all_ok(MPI_Comm comm, bool local_ok);
 
+/// Every rank's `local` values (the same count on every rank), in rank order. Collective.
+std::vector<int64_t> allgather_int64(MPI_Comm comm, const std::vector<int64_t>& local);
+/// Waits for a non-blocking MPI operation as the helpers above do: within the communication
+/// timeout (MPIDDP_COMM_TIMEOUT), else CollectiveTimeout naming `what`.
+void wait_within_timeout(MPI_Request& request, const char* what);
+
 }  // namespace mpiddp

@@ -303,6 +303,20 @@ void broadcast_string(MPI_Comm comm, std::string& value, int root) {
   value.assign(bytes.begin(), bytes.end());
 }
 
+std::vector<int64_t> allgather_int64(MPI_Comm comm, const std::vector<int64_t>& local) {
+  int size = 0;
+  MPIDDP_CHECK_MPI(MPI_Comm_size(comm, &size));
+  MPIDDP_CHECK(local.size() <= static_cast<size_t>(INT_MAX), "too many values to gather");
+  std::vector<int64_t> all(local.size() * static_cast<size_t>(size));
+  const int n = static_cast<int>(local.size());
+  MPI_Request rq;
+  MPIDDP_CHECK_MPI(MPI_Iallgather(local.data(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm, &rq));
+  complete(rq, "all-gather of per-rank values");
+  return all;
+}
+
+void wait_within_timeout(MPI_Request& request, const char* what) { complete(request, what); }
+
 bool all_ok(MPI_Comm comm, bool local_ok) {
   int ok = local_ok ? 1 : 0;
   MPI_Request rq;

@@ -2,6 +2,7 @@
 
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <fstream>
 
 #include "common/check_hdf5.hpp"
+#include "common/check.hpp"
 #include "common/host.hpp"
 #include "common/text.hpp"
 
@@ -50,6 +52,8 @@ struct Failures {
   void run(F&& f) {
     try {
       f();
+    } catch (const CollectiveTimeout&) {
+      throw;  // another rank is gone: no agreement can follow
     } catch (const std::exception& e) {
       if (first.empty()) first = reason_of(e);
     }
@@ -57,9 +61,7 @@ struct Failures {
 };
 
 void agree(MPI_Comm comm, const Failures& f, const std::string& context) {
-  int failed = f.first.empty() ? 0 : 1;
-  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
-  if (failed == 0) return;
+  if (all_ok(comm, f.first.empty())) return;
   for (const auto& why : allgather_strings(comm, f.first)) {
     if (!why.empty()) MPIDDP_THROW_AGREED(context + why);
   }
@@ -70,30 +72,46 @@ torch::Tensor host_bytes(const torch::Tensor& t) {
   return t.defined() ? t.detach().to(torch::kCPU).contiguous() : torch::Tensor();
 }
 
-// Sends or receives `bytes` bytes at `data` in pieces MPI's int counts can carry.
+// Sends or receives `bytes` bytes at `data` in pieces MPI's int counts can carry, each within the
+// communication timeout.
 void send_bytes(const void* data, int64_t bytes, int to, MPI_Comm comm) {
   for (int64_t off = 0; off < bytes; off += kPieceBytes) {
-    MPI_Send(static_cast<const char*>(data) + off, static_cast<int>(std::min(kPieceBytes, bytes - off)), MPI_BYTE, to,
-             0, comm);
+    MPI_Request rq;
+    MPIDDP_CHECK_MPI(MPI_Isend(static_cast<const char*>(data) + off, static_cast<int>(std::min(kPieceBytes, bytes - off)),
+                               MPI_BYTE, to, 0, comm, &rq));
+    wait_within_timeout(rq, "snapshot bytes sent to rank 0");
   }
 }
 void receive_bytes(void* data, int64_t bytes, int from, MPI_Comm comm) {
   for (int64_t off = 0; off < bytes; off += kPieceBytes) {
-    MPI_Recv(static_cast<char*>(data) + off, static_cast<int>(std::min(kPieceBytes, bytes - off)), MPI_BYTE, from, 0,
-             comm, MPI_STATUS_IGNORE);
+    MPI_Request rq;
+    MPIDDP_CHECK_MPI(MPI_Irecv(static_cast<char*>(data) + off, static_cast<int>(std::min(kPieceBytes, bytes - off)),
+                               MPI_BYTE, from, 0, comm, &rq));
+    wait_within_timeout(rq, "snapshot bytes from another rank");
   }
 }
 
-json meta_to_json(const Snapshot& s) { return {{"ints", s.ints}, {"reals", s.reals}, {"texts", s.texts}}; }
+std::vector<uint32_t> allgather_crcs(MPI_Comm comm, const std::vector<uint32_t>& mine) {
+  const auto all = allgather_int64(comm, std::vector<int64_t>(mine.begin(), mine.end()));
+  return std::vector<uint32_t>(all.begin(), all.end());
+}
+
+// Reals travel as their bit patterns (JSON has no NaN or Inf).
+json meta_to_json(const Snapshot& s) {
+  std::map<std::string, uint64_t> reals;
+  for (const auto& [k, v] : s.reals) std::memcpy(&reals[k], &v, sizeof v);
+  return {{"ints", s.ints}, {"reals", reals}, {"texts", s.texts}};
+}
 void meta_from_json(const json& j, Snapshot& s) {
   s.ints = j.at("ints").get<std::map<std::string, int64_t>>();
-  s.reals = j.at("reals").get<std::map<std::string, double>>();
+  for (const auto& [k, bits] : j.at("reals").get<std::map<std::string, uint64_t>>()) std::memcpy(&s.reals[k], &bits, sizeof bits);
   s.texts = j.at("texts").get<std::map<std::string, std::string>>();
 }
 
-// Rank 0's `j` on every rank.
+// Rank 0's `j` on every rank (text that is not UTF-8 arrives with U+FFFD in its place: dump()
+// must not throw on rank 0 alone).
 json broadcast_json(MPI_Comm comm, const json& j) {
-  std::string text = rank_of(comm) == 0 ? j.dump() : std::string();
+  std::string text = rank_of(comm) == 0 ? j.dump(-1, ' ', false, json::error_handler_t::replace) : std::string();
   broadcast_string(comm, text);
   return json::parse(text);
 }
@@ -109,9 +127,8 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> gather_extents(MPI_Comm co
     for (auto d : t.shape) schema += ' ' + std::to_string(d);
     schema += '\n';
   }
-  int64_t mine[2] = {static_cast<int64_t>(crc_of(schema.data(), schema.size())), static_cast<int64_t>(tensors.size())};
-  std::vector<int64_t> all(2 * static_cast<size_t>(n));
-  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm);
+  const auto all = allgather_int64(comm, {static_cast<int64_t>(crc_of(schema.data(), schema.size())),
+                                          static_cast<int64_t>(tensors.size())});
   for (int r = 1; r < n; ++r) {
     MPIDDP_CHECK(all[2 * r] == all[0] && all[2 * r + 1] == all[1],
                  "rank " + std::to_string(r) + " declares other tensors than rank 0 (a model or optimizer that "
@@ -119,9 +136,12 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> gather_extents(MPI_Comm co
   }
   std::vector<int64_t> local;
   for (const auto& t : tensors) local.push_back(t.first), local.push_back(t.part.defined() ? t.part.numel() : 0);
-  std::vector<int64_t> every(local.size() * static_cast<size_t>(n));
-  MPI_Allgather(local.data(), static_cast<int>(local.size()), MPI_INT64_T, every.data(), static_cast<int>(local.size()),
-                MPI_INT64_T, comm);
+  const auto every = allgather_int64(comm, local);
+  for (const auto& t : tensors) {  // after the collectives: a local error here is every rank's via agree()
+    MPIDDP_CHECK(!t.part.defined() || t.part.scalar_type() == t.dtype,
+                 "this rank's part of '" + t.name + "' is " + c10::toString(t.part.scalar_type()) + ", declared " +
+                     c10::toString(t.dtype));
+  }
   std::vector<std::vector<std::pair<int64_t, int64_t>>> extents(tensors.size());
   for (size_t k = 0; k < tensors.size(); ++k) {
     int64_t numel = 1;
@@ -261,8 +281,9 @@ void seal(const std::string& tmp, const std::string& path, const fs::path& dir, 
 
 }  // namespace
 
-SnapshotIo default_snapshot_io() {
-  return MPIDDP_HDF5_PARALLEL ? SnapshotIo::kParallel : SnapshotIo::kThroughRankZero;
+SnapshotIo resolve_io(SnapshotIo io, int64_t bytes) {
+  if (io != SnapshotIo::kAuto) return io;
+  return MPIDDP_HDF5_PARALLEL && bytes >= kParallelIoFromBytes ? SnapshotIo::kParallel : SnapshotIo::kThroughRankZero;
 }
 
 void check_shared_directory(MPI_Comm comm, const std::string& dir) {
@@ -291,7 +312,7 @@ void check_shared_directory(MPI_Comm comm, const std::string& dir) {
                 "a file system every node mounts, not a node-local one such as /tmp)";
     }
   }
-  MPI_Barrier(comm);  // every rank has looked before the probe goes
+  all_ok(comm, true);  // every rank has looked before the probe goes
   if (rank == 0) {
     std::error_code ignored;
     fs::remove(probe, ignored);
@@ -318,6 +339,13 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string tmp = (dir / ("." + target.filename().string() + ".tmp")).string();
   const std::string context = "cannot write snapshot '" + path + "': ";
+  int64_t bytes = 0;  // the same on every rank: the tensors are declared alike (checked below)
+  for (const auto& t : tensors) {
+    int64_t numel = 1;
+    for (auto d : t.shape) numel *= d;
+    bytes += numel * static_cast<int64_t>(c10::elementSize(t.dtype));
+  }
+  io = resolve_io(io, bytes);
   const bool writes = io == SnapshotIo::kParallel || rank == 0;  // this rank opens the file
 
   // What every rank must agree on before a byte is written: the tensors, their parts, the room.
@@ -329,15 +357,7 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
       meta_from_json(broadcast_json(comm, meta_to_json(meta)), attrs);
       extents = gather_extents(comm, tensors);
     });
-    if (rank == 0) {
-      int64_t bytes = 0;
-      for (const auto& t : tensors) {
-        int64_t numel = 1;
-        for (auto d : t.shape) numel *= d;
-        bytes += numel * static_cast<int64_t>(c10::elementSize(t.dtype));
-      }
-      f.run([&] { check_room(dir, bytes, tensors.size()); });
-    }
+    if (rank == 0) f.run([&] { check_room(dir, bytes, tensors.size()); });
     agree(comm, f, context);
   }
 
@@ -405,9 +425,7 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
   }
 
   // Each dataset's CRC-32 from its parts', then the root's attributes and the manifest's checksum.
-  std::vector<uint32_t> every(part_crcs.size() * static_cast<size_t>(n));
-  MPI_Allgather(part_crcs.data(), static_cast<int>(part_crcs.size()), MPI_UINT32_T, every.data(),
-                static_cast<int>(part_crcs.size()), MPI_UINT32_T, comm);
+  const auto every = allgather_crcs(comm, part_crcs);
   std::map<std::string, DatasetEntry> manifest;
   for (size_t k = 0; k < tensors.size(); ++k) {
     std::vector<uint32_t> crcs;
@@ -432,10 +450,10 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
       const int64_t checksum = manifest_checksum(manifest, attrs);
       write_scalar_attr(file.get(), kChecksumAttr, H5T_NATIVE_INT64, &checksum);
     });
-    f.run([&] {  // flushed (MPI_File_sync) and closed collectively: every rank's bytes are in
-      MPIDDP_CHECK_HDF5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
-      MPIDDP_CHECK_HDF5(H5Fclose(file.release()));
-    });
+    // Flushed (MPI_File_sync) and closed collectively, each call made by every rank whatever the
+    // other's outcome: every rank's bytes are in.
+    f.run([&] { MPIDDP_CHECK_HDF5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL)); });
+    f.run([&] { MPIDDP_CHECK_HDF5(H5Fclose(file.release())); });
   }
   try {
     agree(comm, f, context);
@@ -515,8 +533,17 @@ SnapshotReader::SnapshotReader(MPI_Comm comm, const std::string& path, SnapshotI
   int64_t format = 0;
   Failures f;
   if (rank == 0) f.run([&] { format = format_of(path); });
+  // Every rank must see the file (a node-local --resume path would not): checked before any open.
+  Failures seen;
+  seen.run([&] { MPIDDP_CHECK(fs::exists(path), "snapshot '" + path + "' does not exist on rank " +
+                                                    std::to_string(rank) + " (" + local_hostname() + ")"); });
+  if (f.first.empty()) f = seen;
   agree(comm, f, "");
-  MPI_Bcast(&format, 1, MPI_INT64_T, 0, comm);
+  int64_t size = 0;
+  if (rank == 0) size = static_cast<int64_t>(fs::file_size(path));
+  const auto zero = allgather_int64(comm, {format, size});  // rank 0's, first
+  format = zero[0];
+  io_ = resolve_io(io, zero[1]);
 
   if (format != kParallelFormat) {  // one writer's file: rank 0 reads it, every rank parses its bytes
     std::vector<char> image;
@@ -534,14 +561,14 @@ SnapshotReader::SnapshotReader(MPI_Comm comm, const std::string& path, SnapshotI
 
   file_ = std::make_unique<File>();
   json catalog;
-  if (io == SnapshotIo::kParallel || rank == 0) {
+  if (io_ == SnapshotIo::kParallel || rank == 0) {
     f.run([&] {
-      Hid fapl = file_access(comm, io);
+      Hid fapl = file_access(comm, io_);
       const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
       MPIDDP_CHECK(id >= 0, "snapshot '" + path + "' is not a readable HDF5 file (truncated or damaged: " +
                                 hdf5_error_text() + ")");
       file_->file = Hid(id, H5Fclose);
-      file_->dxpl = transfer(io, false);  // independent reads: a rank's failure holds no other rank
+      file_->dxpl = transfer(io_, false);  // independent reads: a rank's failure holds no other rank
     });
   }
   if (rank == 0) {
@@ -573,9 +600,7 @@ SnapshotReader::SnapshotReader(MPI_Comm comm, const std::string& path, SnapshotI
     }
     crcs.push_back(crc);
   }
-  std::vector<uint32_t> every(crcs.size() * static_cast<size_t>(n));
-  MPI_Allgather(crcs.data(), static_cast<int>(crcs.size()), MPI_UINT32_T, every.data(), static_cast<int>(crcs.size()),
-                MPI_UINT32_T, comm);
+  const auto every = allgather_crcs(comm, crcs);
   size_t k = 0;
   for (const auto& [name, d] : datasets_) {
     std::vector<std::pair<int64_t, int64_t>> extents;
@@ -602,15 +627,15 @@ const DatasetEntry* SnapshotReader::find(const std::string& name) const {
 }
 
 void SnapshotReader::read(const std::string& name, int64_t first, torch::Tensor& out) {
-  const int64_t count = out.defined() ? out.numel() : 0;
   const auto* d = find(name);
   auto fail = [&](const std::string& why) {
     if (failed_.empty()) failed_ = why;
   };
+  int64_t count = out.defined() ? out.numel() : 0;
   if (!d || (count > 0 && !(out.is_contiguous() && out.device().is_cpu() && out.scalar_type() == d->dtype->type &&
                             first >= 0 && first + count <= d->numel()))) {
     fail("snapshot '" + path_ + "': a read of " + name + " outside the file, or into the wrong kind of tensor");
-    if (io_ == SnapshotIo::kParallel || whole_) return;
+    count = 0;  // this rank reads nothing, but still takes its part in the collective below
   }
   try {
     if (whole_) {
@@ -620,6 +645,8 @@ void SnapshotReader::read(const std::string& name, int64_t first, torch::Tensor&
     } else {
       read_through_rank_zero(name, d, first, count, out);
     }
+  } catch (const CollectiveTimeout&) {
+    throw;
   } catch (const std::exception& e) {
     fail(reason_of(e));
   }
@@ -633,9 +660,7 @@ detail::Hid SnapshotReader::open_dataset(const std::string& name) const {
 void SnapshotReader::read_through_rank_zero(const std::string& name, const DatasetEntry* d, int64_t first,
                                             int64_t count, torch::Tensor& out) {
   const int rank = rank_of(comm_), n = size_of(comm_);
-  int64_t mine[2] = {first, count};
-  std::vector<int64_t> all(2 * static_cast<size_t>(n));
-  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm_);
+  const auto all = allgather_int64(comm_, {first, count});
   if (rank != 0) {
     if (count) receive_bytes(out.data_ptr(), out.nbytes(), 0, comm_);
     return;
@@ -684,7 +709,10 @@ torch::Tensor SnapshotReader::read_whole(const std::string& name) {
   }
   auto share = whole.view(-1).narrow(0, numel * rank / n, counts[rank] / elem);
   read(name, numel * rank / n, share);
-  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, whole.data_ptr(), counts.data(), offsets.data(), MPI_BYTE, comm_);
+  MPI_Request rq;
+  MPIDDP_CHECK_MPI(
+      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, whole.data_ptr(), counts.data(), offsets.data(), MPI_BYTE, comm_, &rq));
+  wait_within_timeout(rq, "all-gather of a snapshot tensor");
   return whole;
 }
 

@@ -3,6 +3,7 @@
 #include <mpiddp/compat.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/optim.hpp>
+#include <mpiddp/runtime.hpp>
 #include <mpiddp/zero.hpp>
 
 #include <ATen/core/Generator.h>
@@ -104,11 +105,18 @@ void optimizer_parts(const torch::optim::Optimizer& opt, const NamedTensors& par
   const auto* spec = optimizer_spec_of(opt);
   if (!spec) {  // not a table optimizer: libtorch's archive, rank 0's (its bytes may differ by rank)
     Snapshot other;
-    optimizer_to_snapshot(opt, params, other);
-    const auto& archive = other.tensors.at("optimizer/archive");
-    int64_t bytes = archive.numel();
-    MPI_Bcast(&bytes, 1, MPI_INT64_T, 0, comm);
-    parts.push_back({"optimizer/archive", torch::kByte, {bytes}, 0, rank == 0 ? archive : torch::Tensor()});
+    std::string why;
+    if (rank == 0) {
+      try {
+        optimizer_to_snapshot(opt, params, other);
+      } catch (const std::exception& e) {
+        why = reason_of(e);
+      }
+    }
+    const int64_t bytes = allgather_int64(comm, {why.empty() && rank == 0 ? other.tensors.at("optimizer/archive").numel() : -1})[0];
+    broadcast_string(comm, why);
+    if (bytes < 0) MPIDDP_THROW_AGREED("cannot serialize the optimizer: " + why);
+    parts.push_back({"optimizer/archive", torch::kByte, {bytes}, 0, rank == 0 ? other.tensors.at("optimizer/archive") : torch::Tensor()});
     return;
   }
   if (!zero) {  // every rank holds the whole state alike: an even share each
@@ -181,9 +189,7 @@ void rng_parts(MPI_Comm comm, c10::Device device, std::vector<TensorPart>& parts
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   const auto mine = bytes_tensor(rng_state_bytes(device));
-  int64_t n = mine.numel();
-  std::vector<int64_t> sizes(static_cast<size_t>(size));
-  MPI_Allgather(&n, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm);
+  const auto sizes = allgather_int64(comm, {mine.numel()});
   for (int r = 0; r < size; ++r) {
     parts.push_back({"rng/rank" + std::to_string(r), torch::kByte, {sizes[static_cast<size_t>(r)]}, 0,
                      r == rank ? mine : torch::Tensor()});

@@ -5,6 +5,7 @@
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
 
@@ -76,7 +77,7 @@ std::string Trainer::save(const detail::RunPosition& p, const ZeroOptimizer* zer
   const std::string path = dir.path_of(p.global_step);
   try {
     detail::write_parallel_snapshot(runtime_.world(), path, parts, meta);
-  } catch (const Error& e) {
+  } catch (const AgreedError& e) {  // anything else (a timeout) is not every rank's: it propagates
     MPIDDP_THROW_AGREED(e.message() + " (the previous snapshot is intact)");
   }
   std::string status;
@@ -142,7 +143,7 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
     try {
       reader = std::make_unique<detail::SnapshotReader>(runtime_.world(), path);
       break;
-    } catch (const Error& e) {  // agreed: every rank is here with the same message
+    } catch (const AgreedError& e) {  // every rank is here with the same message
       if (!automatic) MPIDDP_THROW_AGREED("cannot resume: " + e.message());
       if (note) note("warning: " + e.message() + "; falling back to the previous snapshot");
     }
@@ -164,8 +165,10 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
     detail::rng_from_reader(*reader, saved_world, source, o.device);
   } catch (const AgreedError&) {
     throw;
+  } catch (const CollectiveTimeout&) {
+    throw;
   } catch (const Error& e) {
-    MPIDDP_THROW_AGREED(e.message());  // the same catalog on every rank: the same verdict
+    MPIDDP_THROW_AGREED(e.message());  // its checks read the catalog every rank holds: the same verdict
   }
 
   // Each rank continues its own random stream; ranks the snapshot did not have take rank 0's.
@@ -200,8 +203,10 @@ void Trainer::restore_optimizer(detail::SnapshotReader& reader, ZeroOptimizer* z
     detail::optimizer_from_reader(*optimizer_, model_->named_parameters(), zero, reader, options_.device);
   } catch (const AgreedError&) {
     throw;
+  } catch (const CollectiveTimeout&) {
+    throw;
   } catch (const Error& e) {
-    MPIDDP_THROW_AGREED(e.message());
+    MPIDDP_THROW_AGREED(e.message());  // its checks read the catalog every rank holds: the same verdict
   }
 }
 
