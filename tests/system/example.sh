@@ -17,14 +17,14 @@ import sys; m = [float(l.split()[-1]) for l in sys.stdin if l.startswith("epoch"
 assert m[2] < m[0], m' <<<"$out"
 done
 
-"$TEST_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" make-data "$tmp/img.h5" 384 1
-"$TEST_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" make-data "$tmp/img-test.h5" 128 2
+py "$(dirname "$0")/../python/torchscript_ref.py" make-data "$tmp/img.h5" 384 1
+py "$(dirname "$0")/../python/torchscript_ref.py" make-data "$tmp/img-test.h5" 128 2
 MPIDDP_TEST_DEADLINE=300
 for n in 1 2 3; do
   run_np "$n" "$resnet" "$tmp/img.h5" "$tmp/img-test.h5" 3 "$tmp/full$n"
   check "resnet np$n: exit 0" [ "$rc" -eq 0 ]
   check "resnet np$n: three epochs" [ "$(grep -c '^epoch [1-3] loss ' <<<"$out")" -eq 3 ]
-  check "resnet np$n: test accuracy rises above chance (0.25)" "$TEST_PYTHON" -c '
+  check "resnet np$n: test accuracy rises above chance (0.25)" py -c '
 import sys; a = [float(l.split()[-1]) for l in sys.stdin if l.startswith("epoch")]
 assert a[-1] > 0.4 and a[-1] > a[0], a' <<<"$out"
   run_np "$n" "$resnet" "$tmp/img.h5" "$tmp/img-test.h5" 1 "$tmp/half$n"
@@ -32,7 +32,7 @@ assert a[-1] > 0.4 and a[-1] > a[0], a' <<<"$out"
   check "resnet np$n: resumed run reports epochs 2 and 3 only" [ "$(grep -c '^epoch [23] loss ' <<<"$out")" -eq 2 ]
   # The optimizer's archive is a zip whose bytes vary with more than the state; the model's tensors
   # after two more epochs of RMSprop depend on that state, so they are what is compared.
-  check "resnet np$n: resumed run ends bitwise equal (every tensor but the optimizer's archive)" "$TEST_PYTHON" - "$tmp/full$n/latest.h5" "$tmp/half$n/latest.h5" <<'PY'
+  check "resnet np$n: resumed run ends bitwise equal (every tensor but the optimizer's archive)" py - "$tmp/full$n/latest.h5" "$tmp/half$n/latest.h5" <<'PY'
 import h5py, sys
 a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 names = []

@@ -6,13 +6,13 @@
 # test loss. usage: gpt_cli.sh MPIDDP_BINARY
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1
-ref() { "$TEST_PYTHON" "$(dirname "$0")/../python/nanogpt_ref.py" "$@"; }
+ref() { py "$(dirname "$0")/../python/nanogpt_ref.py" "$@"; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 MPIDDP_TEST_DEADLINE=180
 
 # A byte-level corpus (vocabulary 256) as llm.c shards.
-"$TEST_PYTHON" - "$tmp/text.txt" <<'PY'
+py - "$tmp/text.txt" <<'PY'
 import random, sys
 random.seed(7)
 words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
@@ -41,7 +41,7 @@ for case in "1 4 1" "2 2 2" "3 2 1" "4 1 3"; do
     ref compare "$d.ref.pt" "$d.state.pt" 2e-5
 done
 check "accumulation matters: 2 x 2 x 2 differs from 1 x 4 x 1 (other windows per step)" \
-  bash -c "! '$TEST_PYTHON' '$(dirname "$0")/../python/nanogpt_ref.py' compare '$tmp/np1.ref.pt' '$tmp/np2.ref.pt' 1e-4 >/dev/null"
+  fails ref compare "$tmp/np1.ref.pt" "$tmp/np2.ref.pt" 1e-4
 
 # nanoGPT's headerless train.bin (--data-format raw-uint16: the same tokens without llm.c's 1024-byte
 # header) trains bitwise as the shard does.
@@ -72,9 +72,9 @@ check "stopped at step 3 and resumed: bitwise the uninterrupted run (dropout on)
 # mpiddp's final test loss (the mean over every position of every window, whatever the ranks).
 check "export loads strictly into nanoGPT's GPT" ref strict-load "$tmp/np3.state.pt"
 want=$(ref loss "$tmp/np3.state.pt" "$val" 16)
-got=$("$TEST_PYTHON" -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if '\"epoch\"' in l][-1]['test_loss'])" "$tmp/np3.json")
+got=$(py -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if '\"epoch\"' in l][-1]['test_loss'])" "$tmp/np3.json")
 check "np3: mpiddp's test loss $got = Python's loss of the export $want (1e-4)" \
-  "$TEST_PYTHON" -c "import sys; sys.exit(abs(float(sys.argv[1]) - float(sys.argv[2])) > 1e-4)" "$got" "$want"
+  py -c "import sys; sys.exit(abs(float(sys.argv[1]) - float(sys.argv[2])) > 1e-4)" "$got" "$want"
 
 # Generation: nanoGPT's rule, token for token. Greedy (--top-k 1) and drawn (top-k 5, temperature
 # 0.8, the same seed: the same generator draws in the same order) against the Python reference's
@@ -84,7 +84,7 @@ run_np 2 "$mpiddp" generate "$tmp/np3/latest.h5" --prompt "the quick" --max-new-
 check "generate --top-k 1 equals the reference's greedy generate(), token for token" [ "$rc" -eq 0 -a "$out" = "$want" ]
 check "generate: the prompt comes first, then 40 new bytes" [ "${#out}" -eq 49 -a "${out:0:9}" = "the quick" ]
 check "the snapshot records the GPT's shape itself (gpt_config, what generate reads), equal to the run's" \
-  "$TEST_PYTHON" - "$tmp/np3/latest.h5" <<'PY'
+  py - "$tmp/np3/latest.h5" <<'PY'
 import h5py, json, sys
 f = h5py.File(sys.argv[1], "r")
 shape, options = json.loads(f.attrs["gpt_config"]), json.loads(f.attrs["config"])["gpt"]
@@ -92,7 +92,7 @@ assert shape == options and shape["n_layer"] >= 1, (shape, options)
 PY
 # --tokenizer: an llm.c tokenizer file (version 2, 256 tokens) that decodes token i as its two hex
 # digits: the greedy text above, spelled in hex.
-"$TEST_PYTHON" - "$tmp/hex_tokenizer.bin" <<'PY'
+py - "$tmp/hex_tokenizer.bin" <<'PY'
 import struct, sys
 with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<256I", *([20240328, 2, 256, 0] + [0] * 252)))

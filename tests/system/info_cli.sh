@@ -97,8 +97,8 @@ check "help: printed once" [ "$(grep -c '^usage:' <<<"$out")" -eq 1 ]
 # PyTorch's CUDA wheel that dropped CUDA or NCCL, or linked a second NCCL, fails here.
 run_alone "$mpiddp" info --json
 json=$out
-check "stack: libtorch, its CUDA and NCCL are the test Python's torch's ($("$TEST_PYTHON" -c 'import torch; print(torch.__version__)'))" \
-  "$TEST_PYTHON" - "$mpiddp" "$json" <<'PY'
+check "stack: libtorch, its CUDA and NCCL are the test Python's torch's ($(py -c 'import torch; print(torch.__version__)'))" \
+  py - "$mpiddp" "$json" <<'PY'
 import json, os, re, subprocess, sys, torch
 mpiddp, info = sys.argv[1], json.loads(sys.argv[2])
 v = info["ranks"][0]["versions"]

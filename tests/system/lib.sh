@@ -11,6 +11,36 @@ TEST_PYTHON=${MPIDDP_TEST_PYTHON:-/usr/bin/python3}
 [ -x "$TEST_PYTHON" ] || TEST_PYTHON=python3
 # Every command gets a deadline: a hang is a failure, not a stuck CI job.
 : "${MPIDDP_TEST_DEADLINE:=90}"
+lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# py ARGS...: what "$TEST_PYTHON" ARGS... does (its standard input when that is a file or a pipe,
+# its output, error and exit status; the caller's environment and directory), run in a child of one
+# Python started on the first call that imported torch once (tests/python/pyserver.py: a fresh
+# Python takes 1-2 s to import torch, and a test makes tens of calls). Within the deadline.
+py() {
+  if [ -z "${py_dir:-}" ]; then
+    py_dir=$(mktemp -d)
+    coproc PY_SERVER { exec "$TEST_PYTHON" "$lib_dir/../python/pyserver.py" 2>"$py_dir/server.err"; }
+    # Copies that subshells keep too (bash closes a coprocess's own descriptors in pipelines and ( )).
+    exec {py_to}>&"${PY_SERVER[1]}" {py_from}<&"${PY_SERVER[0]}"
+  fi
+  local call status
+  call=$(mktemp -d "$py_dir/call.XXXXXX")
+  printf '%s\0' "$@" >"$call/argv"
+  env -0 >"$call/env"
+  printf '%s' "$PWD" >"$call/cwd"
+  if [ -f /dev/stdin ] || [ -p /dev/stdin ]; then
+    timeout "$MPIDDP_TEST_DEADLINE" cat >"$call/stdin"
+  else
+    : >"$call/stdin"
+  fi
+  echo "$MPIDDP_TEST_DEADLINE $call" >&"$py_to"
+  read -r status <&"$py_from" || status=125  # the server is gone: $py_dir/server.err says why
+  cat "$call/stdout"
+  cat "$call/stderr" >&2
+  rm -rf "$call"
+  return "$status"
+}
 
 check() {  # check "description" command...
   local desc=$1
@@ -52,6 +82,7 @@ run_alone() {
 count_lines() { grep -c -x -- "$1" <<<"$2"; }   # exact whole-line matches
 contains() { grep -q -- "$1" <<<"$2"; }
 lacks() { ! grep -q -- "$1" <<<"$2"; }
+fails() { ! "$@"; }  # fails command...: the command exits non-zero
 last_line() { tail -n 1 <<<"$1"; }
 # Exactly one line from mpiddp on stderr (the launcher may add its own banner about the exit code:
 # Open MPI 4's mpirun, or Open MPI 5/6's prterun, "... detected that one or more processes exited").

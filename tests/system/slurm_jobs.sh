@@ -56,7 +56,7 @@ fi
 # ---- a cross-node all-reduce checked element by element -----------------------------------------
 MPIDDP_BACKEND=mpi MPIDDP_BENCH_ARGS="-b 8 -e 1M -f 32 -w 1 -n 3" slurm_submit_wait "$src/batch/bench.sh" -N 2 --gres=none
 check "bench.sh: job completed" [ "$rc" -eq 0 ]
-check "bench.sh: every collective across the nodes, no wrong element" "$TEST_PYTHON" - "$tmp/mpiddp-bench-$job" <<'PY'
+check "bench.sh: every collective across the nodes, no wrong element" py - "$tmp/mpiddp-bench-$job" <<'PY'
 import json, sys, os
 for c in ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast"):
     d = json.load(open(os.path.join(sys.argv[1], c + ".json")))

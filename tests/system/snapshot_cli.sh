@@ -93,7 +93,7 @@ if [ -f "$tmp/fm-small.h5" ]; then
   check "h5ls lists model, optimizer and rng" bash -c 'l=$(h5ls -r "$1") && grep -q "^/model/conv1.weight " <<<"$l" &&
     grep -q "^/optimizer/conv1.weight/exp_avg_sq " <<<"$l" && grep -q "^/rng/rank1 " <<<"$l"' _ "$snap"
   check "h5dump reads the epoch attribute" bash -c 'h5dump -a /epoch "$1" | grep -q "(0): 3"' _ "$snap"
-  check "h5py reads the state" "$TEST_PYTHON" - "$snap" <<'PY'
+  check "h5py reads the state" py - "$snap" <<'PY'
 import h5py, json, sys
 f = h5py.File(sys.argv[1], "r")
 assert f.attrs["format"] == "mpiddp-snapshot" and f.attrs["epoch"] == 3 and f.attrs["world_size"] == 2
@@ -110,7 +110,7 @@ PY
     if [ $damage = truncate ]; then
       truncate -s $(( $(stat -c %s "$newest") / 2 )) "$newest"
     else
-      "$TEST_PYTHON" - "$newest" <<'PY'
+      py - "$newest" <<'PY'
 import h5py, sys
 with h5py.File(sys.argv[1], "r") as f:
     at = f["model/fc1.weight"].id.get_offset() + 4096
@@ -182,7 +182,7 @@ run_np 2 "$mpiddp" train --model linear --data "$tmp/nan.h5" --no-shuffle --batc
 check "--on-nan skip: completes" [ "$rc" -eq 0 ]
 check "--on-nan skip: warns at each bad step" [ "$(grep -c "^warning: loss is NaN or Inf at global step \(2\|10\) .* on rank 1; update skipped" <<<"$out")" -eq 2 ]
 check "--on-nan skip: counts them per epoch" contains "^epoch 2: .*, 1 step(s) skipped" "$out"
-check "--on-nan skip: the parameters stay finite" "$TEST_PYTHON" -c '
+check "--on-nan skip: the parameters stay finite" py -c '
 import h5py, numpy, sys
 f = h5py.File(sys.argv[1], "r")
 assert all(numpy.isfinite(f["model"][k][()]).all() for k in f["model"])' "$tmp/nan/latest.h5"

@@ -12,7 +12,7 @@ mounted=
 trap '[ -n "$mounted" ] && umount "$mounted"; rm -rf "$tmp"' EXIT
 MPIDDP_TEST_DEADLINE=240
 
-"$TEST_PYTHON" - "$tmp/text.txt" <<'PY'
+py - "$tmp/text.txt" <<'PY'
 import random, sys
 random.seed(3)
 words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
@@ -60,7 +60,7 @@ done
 
 # ---- the schema page lists every key the codec writes ---------------------------------------------
 documented() {  # documented SNAPSHOT: its attributes, groups, optimizer fields and dataset attributes are in the page
-  "$TEST_PYTHON" - "$1" "$schema_doc" <<'PY'
+  py - "$1" "$schema_doc" <<'PY'
 import h5py, re, sys
 doc = open(sys.argv[2]).read()
 names = set(re.findall(r"`([A-Za-z_0-9]+)`", doc))
@@ -89,7 +89,7 @@ check "schema: every key of a stage-2 GPT snapshot is in docs/snapshots.md" docu
 # reseal SNAPSHOT: after an edit with h5py, rewrite the header as mpiddp would (the file's size, the
 # raw extents, the CRC-32 of HDF5's structure), so that only the checks behind it can refuse it.
 reseal() {
-  "$TEST_PYTHON" - "$1" <<'PY'
+  py - "$1" <<'PY'
 import h5py, json, os, sys, zlib
 path = sys.argv[1]
 with open(path, "rb") as f:
@@ -114,7 +114,7 @@ PY
 }
 damaged() {  # damaged NAME PYTHON-EDIT: a copy of the stage-0 snapshot edited by h5py, then resealed
   cp "$tmp/kill-s0/latest.h5" "$tmp/$1.h5"
-  "$TEST_PYTHON" -c "import h5py, numpy; f = h5py.File('$tmp/$1.h5', 'r+'); $2; f.close()"
+  py -c "import h5py, numpy; f = h5py.File('$tmp/$1.h5', 'r+'); $2; f.close()"
   reseal "$tmp/$1.h5"
 }
 damaged wrong-crc 'f["model/transformer.ln_f.weight"].attrs["crc32"] = numpy.int64(12345)'

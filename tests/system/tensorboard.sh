@@ -10,14 +10,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 protoc --proto_path="$(dirname "$proto")" --python_out="$tmp" "$proto"
-read_back() { "$TEST_PYTHON" "$here/tb_read.py" "$tmp" "$@"; }
+read_back() { py "$here/tb_read.py" "$tmp" "$@"; }
 fails() { ! "$@" 2>/dev/null; }
 
 # A classification set small enough for several epochs: the first 1536 Fashion-MNIST training images.
 src=/usr/share/datasets/fashion-mnist
 if [ -f "$src/train-images-idx3-ubyte.gz" ]; then
   "$mpiddp" data fashion-mnist --out "$tmp/fm.h5" >/dev/null
-  "$TEST_PYTHON" - "$tmp/fm-train.h5" "$tmp/small.h5" <<'PY'
+  py - "$tmp/fm-train.h5" "$tmp/small.h5" <<'PY'
 import sys, h5py
 with h5py.File(sys.argv[1], "r") as a, h5py.File(sys.argv[2], "w") as b:
     for k, v in a.attrs.items():
@@ -54,7 +54,7 @@ run_np 2 "$mpiddp" train --model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-
   --threads 1 --tensorboard "$tmp/tbg" --metrics "$tmp/g.jsonl"
 check "gpt np2: exit 0" [ "$rc" -eq 0 ]
 check "gpt np2: every scalar read back equals the JSON metrics (tokens/s among them)" read_back "$tmp/tbg" "$tmp/g.jsonl"
-check "gpt np2: tokens/s = samples/s x block size in every record, train/ and epoch/" "$TEST_PYTHON" - "$tmp/g.jsonl" <<'PY'
+check "gpt np2: tokens/s = samples/s x block size in every record, train/ and epoch/" py - "$tmp/g.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 kinds = {r["kind"] for r in rows if "tokens_per_s" in r}
@@ -64,7 +64,7 @@ PY
 
 # The reader is not blind: one flipped bit in the middle of the file fails its CRC check.
 cp -r "$tmp/tb2" "$tmp/tbx"
-"$TEST_PYTHON" -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 4; open(p, "wb").write(b)' \
+py -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 4; open(p, "wb").write(b)' \
   "$(ls "$tmp"/tbx/events.out.tfevents.*)"
 check "a flipped bit is caught by the reader's CRC-32C" fails read_back "$tmp/tbx" "$tmp/m2.jsonl"
 

@@ -5,7 +5,7 @@
 # bad input. usage: torchscript_cli.sh MPIDDP_BINARY
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1
-ref() { "$TEST_PYTHON" "$(dirname "$0")/../python/torchscript_ref.py" "$@"; }
+ref() { py "$(dirname "$0")/../python/torchscript_ref.py" "$@"; }
 ref_differs() { ! ref compare "$@" 2>/dev/null; }  # REF.pt STATE.pt TOL: farther apart than TOL
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -54,7 +54,7 @@ for precision in bf16 fp16; do
       fp16_ok=0
       check "fp16 unavailable on this libtorch's CPU: a one-line error" one_line "$err"
       check "fp16 unavailable: this stack's Python has no CPU GradScaler either" \
-        bash -c '! "$1" -c "import torch; torch.amp.GradScaler(\"cpu\")" 2>/dev/null' _ "$TEST_PYTHON"
+        fails py -c 'import torch; torch.amp.GradScaler("cpu")' 2>/dev/null
       break
     fi
     check "$precision np$n: trains" [ "$rc" -eq 0 ]
@@ -64,7 +64,7 @@ for precision in bf16 fp16; do
     check "$precision np$n: equal to Python's autocast on each rank's slice ($tol)" ref compare "$d.ref.pt" "$d.state.pt" $tol
     if [ "$precision" = fp16 ]; then
       check "fp16 np$n: the same skipped steps (some, not all) and final loss scale as torch.amp.GradScaler" \
-        "$TEST_PYTHON" - "$d.jsonl" "$d.ref.pt.json" $amp_steps <<'PY'
+        py - "$d.jsonl" "$d.ref.pt.json" $amp_steps <<'PY'
 import json, sys
 got = [r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "epoch"][-1]
 want = json.load(open(sys.argv[2]))
@@ -92,15 +92,15 @@ for kind in plain bn; do
     # Evaluation runs in eval mode (BatchNorm on its running statistics): the test loss mpiddp
     # reports is Python's eval-mode loss of the reference parameters.
     want=$(ref eval-loss "$d.ref.pt" "$tmp/$kind.pt" "$tmp/test.h5")
-    got=$("$TEST_PYTHON" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["test_loss"])' "$d.jsonl")
+    got=$(py -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["test_loss"])' "$d.jsonl")
     check "$kind np$n: test loss in eval mode equals Python's ($got vs $want)" \
-      "$TEST_PYTHON" -c 'import sys; a,b=map(float,sys.argv[1:]); sys.exit(abs(a-b) > 1e-5*max(1,abs(b)))' "$got" "$want"
+      py -c 'import sys; a,b=map(float,sys.argv[1:]); sys.exit(abs(a-b) > 1e-5*max(1,abs(b)))' "$got" "$want"
   done
 done
 
 # ---- the snapshot: the module's own names under /model, resume, export as TorchScript ----------
 d=$tmp/bn-np2
-check "snapshot holds the module's own parameter and buffer names" "$TEST_PYTHON" - "$d/latest.h5" <<'PY'
+check "snapshot holds the module's own parameter and buffer names" py - "$d/latest.h5" <<'PY'
 import h5py, sys
 f = h5py.File(sys.argv[1], "r")
 names = set(f["model"].keys())
@@ -155,7 +155,7 @@ check "different models on different ranks: refused, no hang" failed_cleanly
 check "different models on different ranks: one line" one_line "$err"
 check "different models on different ranks: names the mismatch" contains "model mismatch across ranks" "$err"
 cp "$d/latest.h5" "$tmp/corrupt.h5"
-"$TEST_PYTHON" - "$tmp/corrupt.h5" <<'PY'
+py - "$tmp/corrupt.h5" <<'PY'
 import h5py, sys
 with h5py.File(sys.argv[1], "r") as f:
     at = f["model/fc.weight"].id.get_offset() + 16
@@ -168,7 +168,7 @@ run_np 1 "$mpiddp" train --model linear --data "$tmp/train.h5" --max-steps 2 --s
 bad "export --format torchscript of a C++ model's snapshot" "is of a C++ model" \
   export "$tmp/linear/latest.h5" --out "$tmp/y.pt" --format torchscript
 run_alone "$mpiddp" export "$tmp/linear/latest.h5" --out "$tmp/linear.pt"
-check "export of a C++ model: a state_dict that torch.load reads" "$TEST_PYTHON" -c '
+check "export of a C++ model: a state_dict that torch.load reads" py -c '
 import sys, torch
 sd = torch.load(sys.argv[1], weights_only=True)
 assert sorted(sd) == ["fc.bias", "fc.weight"] and sd["fc.weight"].shape == (4, 64), sd.keys()
@@ -178,7 +178,7 @@ ref make-data "$tmp/img28.h5" 64 5 28
 run_np 2 "$mpiddp" train --model cnn --data "$tmp/img28.h5" --test-data "$tmp/img28.h5" --batch-size 8 --max-steps 2 \
   --threads 1 --snapshot-dir "$tmp/cnn" --metrics "$tmp/cnn.jsonl"
 run_alone "$mpiddp" export "$tmp/cnn/latest.h5" --out "$tmp/cnn-state.pt"
-loss=$("$TEST_PYTHON" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["test_loss"])' "$tmp/cnn.jsonl")
+loss=$(py -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["test_loss"])' "$tmp/cnn.jsonl")
 check "the built-in cnn's export loads into examples/mnist's Net (strict) and scores mpiddp's test loss" \
   ref check-mnist-net "$tmp/cnn-state.pt" "$tmp/img28.h5" "$loss"
 finish

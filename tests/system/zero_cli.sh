@@ -13,7 +13,7 @@ MPIDDP_TEST_DEADLINE=180
 # max |A - B| over the datasets under GROUP (model, optimizer) of two snapshots, at most TOL; the
 # same names and shapes on both sides.
 close() {  # close A.h5 B.h5 GROUP TOL
-  "$TEST_PYTHON" - "$@" <<'PY'
+  py - "$@" <<'PY'
 import h5py, numpy, sys
 a, b, group, tol = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r"), sys.argv[3], float(sys.argv[4])
 names = []
@@ -32,7 +32,7 @@ same_state() {  # bitwise: parameters and optimizer state
 }
 
 "$mpiddp" data synthetic --samples 600 --features 20 --seed 1 --out "$tmp/syn.h5" >/dev/null
-"$TEST_PYTHON" - "$tmp/text.txt" <<'PY'
+py - "$tmp/text.txt" <<'PY'
 import random, sys
 random.seed(7)
 words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
@@ -74,7 +74,7 @@ for case in "mlp 2 fp32 0.5 8" "mlp 3 fp32 0.5 8" "gpt 2 fp32 1.0 6" "gpt 3 fp32
       close "$a" "$b" optimizer 1e-6
   done
 done
-check "gpt stage 2: lm_head stays transformer.wte in the snapshot" "$TEST_PYTHON" - "$tmp/gpt-np3-fp32-s2/latest.h5" <<'PY'
+check "gpt stage 2: lm_head stays transformer.wte in the snapshot" py - "$tmp/gpt-np3-fp32-s2/latest.h5" <<'PY'
 import h5py, numpy, sys
 m = h5py.File(sys.argv[1], "r")["model"]
 sys.exit(0 if numpy.array_equal(m["lm_head.weight"][()], m["transformer.wte.weight"][()]) else 1)
