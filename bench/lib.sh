@@ -13,6 +13,8 @@
 #   workload_text                -> the training shard of llm.c token shards (bytes) of the GPL-3,
 #                                   Apache-2.0 and GFDL-1.3 texts Debian ships (the val shard beside it)
 #   record STACK ROUND CONTENDER METRIC VALUE UNIT    one result, one line of $out/records.jsonl
+#   record_tsv                   record, for each tab-separated line of standard input (the results a
+#                                bench's own Python derives from its runs)
 #   save_results [FILE]          copies FILE (default $out/records.jsonl) into bench/results/
 # The record format, one JSON object a line (bench/report.py reads it):
 #   {"bench", "commit", "date", "machine", "stack", "round", "contender", "metric", "value", "unit"}
@@ -106,6 +108,13 @@ record() {  # record STACK ROUND CONTENDER METRIC VALUE UNIT
     "$(_json_string "$bench")" "$(_json_string "$bench_commit")" "$(_json_string "$(date -u +%FT%TZ)")" \
     "$(_json_string "$bench_machine")" "$(_json_string "$1")" "$2" "$(_json_string "$3")" "$(_json_string "$4")" \
     "$value" "$(_json_string "$6")" >>"$out/records.jsonl"
+}
+
+record_tsv() {
+  local stack round contender metric value unit
+  while IFS=$'\t' read -r stack round contender metric value unit; do
+    record "$stack" "$round" "$contender" "$metric" "$value" "$unit"
+  done
 }
 
 # save_results [FILE]: the raw results of this run into bench/results/bench-NAME-DATE-COMMIT.EXT (a

@@ -23,34 +23,22 @@ for round in $(seq 1 "$rounds"); do
     on_stack "$stack" bash bench/lm_round.sh "$stack" "$(stack_dir "$stack" "$build")" "$round" "$out" "$text"
   done
 done
-save_results "$out/results.jsonl"
-/usr/bin/python3 - "$out/results.jsonl" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| stack | round | mpiddp tokens/s | Python DDP tokens/s | ratio | peak RSS per rank, MiB (mpiddp / Python) |")
-print("|---|---|---|---|---|---|")
-ratios = {}
-for stack in sorted({r["stack"] for r in rows}):
-    for rnd in sorted({r["round"] for r in rows if r["stack"] == stack}):
-        rate, rss = {}, {}
-        for who in ("mpiddp", "python"):
-            runs = sorted((r for r in rows if r["stack"] == stack and r["round"] == rnd and r["who"] == who),
-                          key=lambda r: r["steps"])
-            short, long = runs[0], runs[-1]
-            rate[who] = (long["tokens"] - short["tokens"]) / (long["seconds"] - short["seconds"])
-            rss[who] = max(long["rss_kib"]) / 1024
-        ratios.setdefault(stack, []).append(rate["mpiddp"] / rate["python"])
-        print(f"| {stack} | {rnd} | {rate['mpiddp']:.0f} | {rate['python']:.0f} | {rate['mpiddp'] / rate['python']:.2f} "
-              f"| {rss['mpiddp']:.0f} / {rss['python']:.0f} |")
-for stack, r in ratios.items():
-    print(f"{stack}: median mpiddp / Python tokens/s {statistics.median(r):.2f} over {len(r)} round(s)")
-# MPIDDP_BENCH_BEFORE: this build against the earlier one, round by round (same rounds, same noise).
-def rate(stack, rnd, who):
-    runs = sorted((r for r in rows if r["stack"] == stack and r["round"] == rnd and r["who"] == who), key=lambda r: r["steps"])
-    return (runs[-1]["tokens"] - runs[0]["tokens"]) / (runs[-1]["seconds"] - runs[0]["seconds"]) if len(runs) > 1 else None
-after_before = [rate(r["stack"], r["round"], "mpiddp") / rate(r["stack"], r["round"], "mpiddp_before")
-                for r in rows if r["who"] == "mpiddp_before" and r["steps"] == max(x["steps"] for x in rows)]
-if after_before:
-    print("mpiddp after / before tokens/s, per round: " + ", ".join(f"{x:.3f}" for x in after_before) +
-          f"; median {statistics.median(after_before):.3f}")
+# Records: per round, each contender's tokens/s from its two lengths (start-up cancels) and the
+# peak RSS of a rank in its long run.
+/usr/bin/python3 - "$out/results.jsonl" <<'PY' | record_tsv
+import json, sys
+NAMES = {"mpiddp": "mpiddp, 2 ranks", "python": "Python DDP (nanoGPT's model), 2 ranks",
+         "mpiddp_before": "mpiddp before a change, 2 ranks"}
+runs = {}
+for r in map(json.loads, open(sys.argv[1])):
+    runs.setdefault((r["stack"], r["round"], r["who"]), []).append(r)
+for (stack, rnd, who), pair in runs.items():
+    if len(pair) != 2:
+        continue
+    short, long = sorted(pair, key=lambda r: r["steps"])
+    rate = (long["tokens"] - short["tokens"]) / (long["seconds"] - short["seconds"])
+    print(f"{stack}\t{rnd}\t{NAMES[who]}\tthroughput\t{rate}\ttokens/s")
+    print(f"{stack}\t{rnd}\t{NAMES[who]}\tpeak RSS of a rank\t{max(long['rss_kib']) / 1024}\tMiB")
 PY
+save_results
+/usr/bin/python3 bench/report.py "$out/records.jsonl"

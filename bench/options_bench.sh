@@ -11,7 +11,7 @@
 #   defaults   `mpiddp train --model cnn --data fm-train.h5 --test-data fm-test.h5 --epochs 3`,
 #              nothing else set (2 ranks): test accuracy per epoch.
 # samples/s is the epoch's (reads included, evaluation excluded); wall is the whole run, from
-# just before mpirun to its exit. Prints Markdown tables; raw JSON lines in OUT_DIR/options.jsonl.
+# just before mpirun to its exit. Records in OUT_DIR/records.jsonl, tabled by bench/report.py.
 #   usage: bench/options_bench.sh [BUILD_DIR] [ROUNDS] [PARTS]   PARTS: "prefetch precision defaults"
 # Run it inside scripts/chroot.sh with BUILD_DIR build-sid for libtorch 2.14.
 set -euo pipefail
@@ -25,8 +25,6 @@ mpiddp=$build/mpiddp
 [ -x "$mpiddp" ] || bash scripts/build.sh "$build" >&2
 train=$(workload_fm)
 test=${train%-train.h5}-test.h5
-results=$out/options.jsonl
-: >"$results"
 torch_version=$($py -c 'import torch; print(torch.__version__)')
 
 run() {  # run PART LABEL NP ARGS...: one run, one JSON line (the last epoch's metrics + wall time)
@@ -42,16 +40,23 @@ run() {  # run PART LABEL NP ARGS...: one run, one JSON line (the last epoch's m
     echo "options_bench.sh: $part $label np$np failed (rc $rc): $(grep -m1 'error' "$out/run.out")" >&2
     return 0
   fi
-  $py - "$log" "$part" "$label" "$np" "$t0" "$t1" "$torch_version" >>"$results" <<'PY'
+  $py - "$log" "$part" "$label" "$np" "$t0" "$t1" "$round" "$torch_version" <<'PY' | record_tsv
 import json, sys
-log, part, label, np_, t0, t1, tv = sys.argv[1:]
+log, part, label, np_, t0, t1, rnd, tv = sys.argv[1:]
 rows = [r for r in map(json.loads, open(log)) if r["kind"] == "epoch"]
-print(json.dumps({"part": part, "label": label, "np": int(np_), "wall_s": float(t1) - float(t0), "torch": tv,
-                  "samples_per_s": rows[-1]["samples_per_s"], "epochs": rows}))
+workload, setting = label.rsplit(" ", 1)  # "mlp memory prefetch=0": contender prefetch=0
+where = f"debian12 (torch {tv})"
+if part in ("prefetch", "precision"):
+    print(f"{where}\t{rnd}\t{setting}\t{workload} at {np_} ranks: throughput\t{rows[-1]['samples_per_s']}\tsamples/s")
+    print(f"{where}\t{rnd}\t{setting}\t{workload} at {np_} ranks: whole run\t{float(t1) - float(t0)}\ts")
+else:  # accuracy, defaults: the test accuracy after each epoch
+    for e in rows:
+        print(f"{where}\t{rnd}\t{label}\t{part}: test accuracy after epoch {e['epoch']}\t{100 * e['test_accuracy']}\t%")
+    print(f"{where}\t{rnd}\t{label}\t{part}: throughput\t{rows[-1]['samples_per_s']}\tsamples/s")
 PY
 }
 
-for _ in $(seq 1 "$rounds"); do
+for round in $(seq 1 "$rounds"); do
   if [[ " $parts " == *" prefetch "* ]]; then
     for np in 1 2; do
       for src in memory file; do
@@ -72,6 +77,7 @@ for _ in $(seq 1 "$rounds"); do
     done
   fi
 done
+round=1  # accuracy and the defaults: one run each
 if [[ " $parts " == *" precision "* ]]; then
   for precision in fp32 bf16 fp16; do
     run accuracy "mlp $precision, 3 epochs" 2 --model mlp --epochs 3 --test-data "$test" --precision $precision
@@ -81,37 +87,5 @@ if [[ " $parts " == *" defaults "* ]]; then
   run defaults "cnn, defaults, 3 epochs" 2 --model cnn --test-data "$test" --epochs 3
 fi
 
-save_results "$results"
-$py - "$results" <<'PY'
-import json, statistics, sys
-from collections import defaultdict
-rows = [json.loads(l) for l in open(sys.argv[1])]
-if not rows:
-    sys.exit("no results")
-groups = defaultdict(list)
-for r in rows:
-    groups[(r["part"], r["label"], r["np"])].append(r)
-print(f"PyTorch (libtorch) {rows[0]['torch']}; medians of {max(len(v) for v in groups.values())} round(s)\n")
-def med(key, rs):
-    return statistics.median(r[key] for r in rs)
-for part in ("prefetch", "precision"):
-    keys = [k for k in groups if k[0] == part]
-    if not keys:
-        continue
-    print(f"| {part} | ranks | samples/s | whole run (s) | ratio to the first of its group |")
-    print("|---|---|---|---|---|")
-    base = {}
-    for k in keys:
-        rs = groups[k]
-        group = (k[1].rsplit(" ", 1)[0], k[2])
-        sps = med("samples_per_s", rs)
-        base.setdefault(group, sps)
-        print(f"| {k[1]} | {k[2]} | {sps:.0f} | {med('wall_s', rs):.1f} | {sps / base[group]:.2f} |")
-    print()
-for part in ("accuracy", "defaults"):
-    for k in [k for k in groups if k[0] == part]:
-        r = groups[k][0]
-        accs = ", ".join(f"{e['test_accuracy'] * 100:.2f}%" for e in r["epochs"])
-        print(f"{k[1]} ({k[2]} ranks): test accuracy by epoch {accs}; {r['samples_per_s']:.0f} samples/s; "
-              f"whole run {r['wall_s']:.0f} s")
-PY
+save_results
+$py bench/report.py "$out/records.jsonl"

@@ -19,6 +19,11 @@ DEFAULT_REFS = {
     "stall": ["monitor off (MPIDDP_STALL_WARNING=off)"],
     "floor": ["mpiddp train, 2 ranks", "libtorch alone, 1 process (bench/step_floor.cpp)"],
     "ddp": ["without communication (no_sync)"],
+    "train": ["Python DDP (gloo), 2 ranks"],
+    "lm": ["Python DDP (nanoGPT's model), 2 ranks"],
+    "resnet": ["Python DDP (gloo), eager torchvision model"],
+    "options": ["prefetch=0", "fp32"],
+    "zero-fit": ["stage 0"],
 }
 
 
@@ -53,7 +58,7 @@ def table(rows, refs):
             by.setdefault(r["contender"], {})[r["round"]] = r["value"]
     refs = [c for c in refs if c in by]
     unit = rows[0]["unit"]
-    head = f"| contender | {rows[0]['metric']}, {unit}: median (range) | rounds |"
+    head = f"| contender | {rows[0]['metric']}{', ' + unit if unit else ''}: median (range) | rounds |"
     head += "".join(f" / {c} |" for c in refs)
     lines = [head, "|---" * (3 + len(refs)) + "|"]
     for who, values in by.items():

@@ -4,7 +4,7 @@
 # Python PyTorch DDP (gloo) training the same network eagerly. Interleaved rounds of one epoch over
 # the first SAMPLES training images each; test accuracy on the 10 000 test images.
 #   usage: bench/resnet_bench.sh [BUILD_DIR] [ROUNDS] [SAMPLES]
-# Writes $OUT_DIR/results.jsonl (default BUILD_DIR/bench-resnet; one line per run) and prints a table.
+# Records in $OUT_DIR/records.jsonl (default BUILD_DIR/bench-resnet), tabled by bench/report.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -12,7 +12,6 @@ bench_init resnet 2 "${1:-}" "${2:-}"
 samples=${3:-12800}
 bash scripts/deps.sh python3-torch python3-torchvision python3-h5py >&2
 py=/usr/bin/python3
-rm -f "$out/results.jsonl"
 train=$(workload_fm_head "$samples")
 fm_train=$(workload_fm)
 fm_test=${fm_train%-train.h5}-test.h5
@@ -32,25 +31,17 @@ for round in $(seq 1 "$rounds"); do
         --epochs 1 --metrics "$log" >&2
     fi
     t1=$(date +%s.%N)
-    $py -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({"who": sys.argv[2], "round": int(sys.argv[3]), "samples_per_s": r["samples_per_s"], "test_accuracy": r["test_accuracy"], "wall_s": float(sys.argv[5]) - float(sys.argv[4])}))' \
-      "$log" $who "$round" "$t0" "$t1" >>"$out/results.jsonl"
+    $py - "$log" "$who" "$round" "$t0" "$t1" <<'PY' | record_tsv
+import json, sys
+log, who, rnd, t0, t1 = sys.argv[1:]
+r = json.loads(open(log).readlines()[-1])
+name = {"python": "Python DDP (gloo), eager torchvision model", "mpiddp": "mpiddp, the TorchScript file"}[who]
+for metric, value, unit in (("throughput", r["samples_per_s"], "samples/s"),
+                            ("test accuracy after 1 epoch", 100 * r["test_accuracy"], "%"),
+                            ("whole run", float(t1) - float(t0), "s")):
+    print(f"debian12\t{rnd}\t{name}\t{metric}\t{value}\t{unit}")
+PY
   done
 done
-save_results "$out/results.jsonl"
-$py - "$out/results.jsonl" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| contender | samples/s (median, range) | test accuracy after 1 epoch | whole run (s) |")
-print("|---|---|---|---|")
-med = {}
-for who, label in [("python", "Python DDP (gloo), eager torchvision model"), ("mpiddp", "mpiddp, the TorchScript file")]:
-    r = [x for x in rows if x["who"] == who]
-    s = [x["samples_per_s"] for x in r]
-    med[who] = statistics.median(s)
-    print(f"| {label} | {med[who]:.1f} ({min(s):.1f}-{max(s):.1f}) | "
-          + ", ".join("%.2f%%" % (100 * x["test_accuracy"]) for x in r) + " | " + ", ".join("%.0f" % x["wall_s"] for x in r) + " |")
-rounds = sorted({x["round"] for x in rows})
-ratios = [next(x["samples_per_s"] for x in rows if x["who"] == "mpiddp" and x["round"] == k) /
-          next(x["samples_per_s"] for x in rows if x["who"] == "python" and x["round"] == k) for k in rounds]
-print(f"\nmpiddp / Python samples/s per round: {', '.join(f'{r:.2f}' for r in ratios)}")
-PY
+save_results
+$py bench/report.py "$out/records.jsonl"

@@ -5,13 +5,14 @@
 # reports its growth from the 20% mark to the end, and the slope of a least-squares line through
 # those samples in bytes per step. Target: growth under 8 MiB (a leak of 30 B/step would show as
 # ~7 MiB over the last 240k steps).
-#   usage: bench/soak.sh [BUILD_DIR] [STEPS]   (raw samples in $OUT_DIR/rss.tsv)
+#   usage: bench/soak.sh [BUILD_DIR] [STEPS]   (raw samples in $OUT_DIR/rss.tsv; records in
+#   $OUT_DIR/records.jsonl, tabled by bench/report.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
 bench_init soak 1 "${1:-}"
 steps=${2:-300000}
-rm -rf "$out" && mkdir -p "$out"
+rm -rf "$out/snaps" "$out/rss.tsv" "$out/metrics.jsonl"
 mpiddp=$build/mpiddp
 # A larger set than the seeds' 2048 samples: epochs (their all-reduce, metrics line and rank lines)
 # come every several hundred steps, and progress lines within them.
@@ -38,7 +39,7 @@ while kill -0 "$rank0" 2>/dev/null; do
   sleep 0.5
 done
 wait $launcher
-python3 - "$out" "$steps" <<'PY'
+python3 - "$out" "$steps" <<'PY' | record_tsv
 import json, statistics, sys
 out, steps = sys.argv[1], int(sys.argv[2])
 rows = [tuple(map(float, l.split())) for l in open(f"{out}/rss.tsv") if l.strip()]
@@ -59,8 +60,14 @@ mt = sum(t for t, _ in late) / n
 mk = sum(k for _, k in late) / n
 slope_kb_per_s = sum((t - mt) * (k - mk) for t, k in late) / sum((t - mt) ** 2 for t, _ in late)
 bytes_per_step = slope_kb_per_s * 1024 * t_end / steps
-print(f"soak: {steps} steps at 2 ranks in {t_end:.0f} s ({steps / t_end:.0f} steps/s), {len(rows)} RSS samples, "
-      f"{done // 2000} snapshots due, {len(epochs)} epoch lines, {logs} progress lines")
-print(f"rank 0 RSS: {at(0.2) / 2**20:.1f} MiB at 20%, {at(0.98) / 2**20:.1f} MiB at the end: growth "
-      f"{growth / 2**20:+.2f} MiB (target < 8 MiB); least-squares slope {bytes_per_step:+.2f} B/step")
+print(f"soak: {steps} steps at 2 ranks in {t_end:.0f} s, {len(rows)} RSS samples, {done // 2000} snapshots due, "
+      f"{len(epochs)} epoch lines, {logs} progress lines", file=sys.stderr)
+who = "mpiddp train, 2 ranks, snapshot every 2000 steps"
+for metric, value, unit in (("throughput", steps / t_end, "steps/s"),
+                            ("rank 0 RSS at 20% of the run", at(0.2) / 2**20, "MiB"),
+                            ("rank 0 RSS growth, 20% to the end (target < 8 MiB)", growth / 2**20, "MiB"),
+                            ("least-squares slope of rank 0 RSS", bytes_per_step, "B/step")):
+    print(f"debian12\t1\t{who}\t{metric}\t{value}\t{unit}")
 PY
+save_results
+python3 bench/report.py "$out/records.jsonl"

@@ -18,7 +18,8 @@
 # 64 per rank). Each contender runs a short and a long job (bench/train_round.sh); throughput is
 # (work of the long - work of the short) / (wall time of the long - wall time of the short), so
 # start-up cancels and per-epoch costs count; time to first step runs from just before mpirun to
-# the end of rank 0's first optimizer step. Prints Markdown tables; raw JSON lines in OUT_DIR.
+# the end of rank 0's first optimizer step. Records in OUT_DIR/records.jsonl (the runs in results.jsonl),
+# tabled by bench/report.py.
 # MPIDDP_BENCH_BEFORE=PATH/mpiddp adds that earlier build as the contender mpiddp_before (Debian 12
 # stack), to compare a change before and after in the same rounds.
 #   usage: bench/train_bench.sh [BUILD_DIR] [ROUNDS]
@@ -38,6 +39,26 @@ for round in $(seq 1 "$rounds"); do
     on_stack "$stack" bash bench/train_round.sh "$stack" "$(stack_dir "$stack" "$build")" "$round" "$out" "$toy" "$cnn"
   done
 done
-save_results "$out/results.jsonl"
-
-/usr/bin/python3 bench/train_report.py "$out/results.jsonl"
+# Records: per round, each contender's throughput from its two lengths (start-up cancels) and its
+# time to first step (the short run's).
+/usr/bin/python3 - "$out/results.jsonl" <<'PY' | record_tsv
+import json, sys
+NAMES = {"python": "Python DDP (gloo), 2 ranks", "handwritten": "hand-written libtorch + MPI, 2 ranks",
+         "mpiddp": "mpiddp, 2 ranks", "single": "1 process, 2 threads",
+         "python_fused": "Python DDP (gloo), Adam(fused=True), 2 ranks",
+         "mpiddp_before": "mpiddp before a change, 2 ranks"}
+runs = {}
+for r in map(json.loads, open(sys.argv[1])):
+    runs.setdefault((r["stack"], r["torch"], r["workload"], r["who"], r["round"]), []).append(r)
+for (stack, torch, workload, who, rnd), pair in runs.items():
+    if len(pair) != 2:
+        continue
+    short, long = sorted(pair, key=lambda r: r["epochs"])
+    unit = "steps" if workload == "toy" else "samples"
+    rate = (long[unit] - short[unit]) / (long["wall_s"] - short["wall_s"])
+    where = f"{stack} (torch {torch})"
+    print(f"{where}\t{rnd}\t{NAMES[who]}\t{workload} throughput\t{rate}\t{unit}/s")
+    print(f"{where}\t{rnd}\t{NAMES[who]}\t{workload} time to first step\t{short['first_step_s']}\ts")
+PY
+save_results
+/usr/bin/python3 bench/report.py "$out/records.jsonl"

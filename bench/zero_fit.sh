@@ -4,6 +4,7 @@
 # limits a job on a node) of LIMIT_GIB, nanoGPT's GPT of LAYERS x 1152 wide (block 64, vocabulary
 # 256), AdamW, 2 steps of micro-batch 1, for each size and stage: whether it trained (else the
 # kernel's OOM killer ended a rank) and the cgroup's peak memory. Needs root (it makes the cgroup).
+# Records (per size: trained 1/0 and the peak) in $OUT_DIR/records.jsonl, tabled by bench/report.py.
 #   usage: bench/zero_fit.sh [BUILD_DIR] [LIMIT_GIB] [LAYERS...]   (logs in $OUT_DIR, default BUILD_DIR/bench-zero-fit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,19 +42,21 @@ run_limited() {  # run_limited LOG CMD...: prints "<exit status> <peak bytes>"
   return 1
 }
 
-echo "limit ${limit_gib} GiB for the 2-rank job; GPT L x ${width} wide, ${heads} heads, block ${block}, vocabulary ${vocab}"
-echo "| layers | parameters | stage 0 | stage 2 |"
-echo "|---|---|---|---|"
+echo "limit ${limit_gib} GiB for the 2-rank job; GPT L x ${width} wide, ${heads} heads, block ${block}, vocabulary ${vocab}" >&2
 for l in "${layers[@]}"; do
   params=$((l * (12 * width * width + 13 * width) + vocab * width + block * width + 2 * width))
-  row="| $l | $(awk -v p=$params 'BEGIN { printf "%.0f M", p / 1e6 }') |"
+  size="$l layers ($(awk -v p=$params 'BEGIN { printf "%.0f M", p / 1e6 }') parameters)"
   for stage in 0 2; do
     read -r rc peak < <(run_limited "$out/fit-L$l-s$stage.log" mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core \
       "$build/mpiddp" train --model gpt --n-layer "$l" --n-head $heads --n-embd $width --block-size $block \
       --vocab-size $vocab --data "$text" --batch-size 1 --max-steps 2 --optimizer adamw \
       --lr 6e-4 --weight-decay 0.1 --weight-decay-params matrices --zero-stage $stage --threads 1 --log-every 0)
-    peak_gib=$(awk -v b="$peak" 'BEGIN { printf "%.2f", b / 2^30 }')
-    if [ "$rc" -eq 0 ]; then row+=" trains (peak ${peak_gib} GiB) |"; else row+=" **out of memory** (exit $rc) |"; fi
+    trained=$([ "$rc" -eq 0 ] && echo 1 || echo 0)
+    echo "$size, stage $stage: exit $rc, peak $peak bytes" >&2
+    record "limit ${limit_gib} GiB, 2 ranks" 1 "stage $stage" "$size: trained (1) or out of memory (0)" "$trained" ""
+    record "limit ${limit_gib} GiB, 2 ranks" 1 "stage $stage" "$size: peak memory of the job" \
+      "$(awk -v b="$peak" 'BEGIN { print b / 2^30 }')" GiB
   done
-  echo "$row"
 done
+save_results
+python3 bench/report.py "$out/records.jsonl"
