@@ -11,6 +11,8 @@
 // *.c_proj.weight normal(0, 0.02 / sqrt(2 n_layer)).
 #pragma once
 
+#include <mpiddp/checkpoint.hpp>
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -35,7 +37,7 @@ struct GptConfig {
   static GptConfig from_json(const std::string& text);
 };
 
-class GptImpl : public torch::nn::Module {
+class GptImpl : public torch::nn::Module, public Checkpointable {
  public:
   /// Builds and initialises the model (draws from the global CPU generator: seed it first).
   explicit GptImpl(const GptConfig& config);
@@ -47,11 +49,16 @@ class GptImpl : public torch::nn::Module {
   /// top_k 1 is greedy. Runs without gradient, in the mode the module is in (call eval()).
   torch::Tensor generate(torch::Tensor idx, int64_t max_new_tokens, double temperature = 1.0, int64_t top_k = 0);
   const GptConfig& config() const { return config_; }
+  /// Each transformer block checkpointed in training (mpiddp::checkpoint): its activations are
+  /// recomputed in backward instead of kept.
+  void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
+  bool activation_checkpointing() const override { return checkpointing_; }
 
  private:
   struct Parts;
   GptConfig config_;
   std::shared_ptr<Parts> parts_;
+  bool checkpointing_ = false;
 };
 TORCH_MODULE(Gpt);
 

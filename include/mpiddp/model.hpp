@@ -41,6 +41,10 @@ class Model {
   /// Writes the TorchScript module with its current parameters and buffers (torch.jit.load reads
   /// it); throws mpiddp::Error for a C++ module.
   virtual void save_torchscript(std::ostream& out) const;
+  /// Runs the model's blocks checkpointed (include/mpiddp/checkpoint.hpp) from now on, or not. A C++
+  /// module that implements mpiddp::Checkpointable can (the built-in GPT); anything else throws
+  /// mpiddp::Error (one line): it cannot be split into blocks.
+  virtual void set_activation_checkpointing(bool on);
   /// The underlying C++ module (nullptr for TorchScript).
   virtual std::shared_ptr<torch::nn::Module> module() const { return nullptr; }
 };

@@ -94,6 +94,10 @@ struct TrainerOptions {
   /// The state lives in the shards during fit() and ends with it (gathering it whole on every rank
   /// would cost what stage 0 costs): after fit() the optimizer holds none; continue from a snapshot.
   int zero_stage = 0;
+  /// The model's blocks run checkpointed (checkpoint.hpp): their activations are recomputed in
+  /// backward instead of kept, for one more forward's time; results equal. The model must support
+  /// it (Model::set_activation_checkpointing: the built-in GPT), else the Trainer throws.
+  bool activation_checkpointing = false;
   uint64_t seed = 0;          ///< the sampler's shuffle
   bool shuffle = true;
   bool drop_last = false;

@@ -88,6 +88,10 @@ std::vector<Row> step_options() {
                 "micro-batches per optimizer step (each loss / K; gradients reduced only in the last)"),
       option<C>("zero-stage", [](C& c) -> auto& { return c.t.zero_stage; },
                 "0 (DDP) | 1 (ZeRO: each rank keeps 1/N of the optimizer state) | 2 (and 1/N of the gradients)"),
+      flag_switch<C>("activation-checkpointing", [](C& c) -> auto& { return c.t.activation_checkpointing; },
+                     "recompute each block's activations in backward instead of keeping them (gpt: per "
+                     "transformer block; about a third more compute, the same results)",
+                     "activation_checkpointing", [](bool on) { return nlohmann::json(on); }),
       option<C>("epochs", [](C& c) -> auto& { return c.t.epochs; }, "passes over the training set (0: as many as --max-steps takes, else 1)"),
       option<C>("max-steps", [](C& c) -> auto& { return c.t.max_steps; },
                 "stop after this many steps in all (0: no cap)"),

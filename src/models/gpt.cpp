@@ -192,7 +192,11 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   auto& tr = *parts_->transformer;
   const auto pos = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = tr.drop(tr.wte->embed(idx) + tr.wpe(pos));
-  for (const auto& block : *tr.h) x = block->as<BlockImpl>()->forward(x);
+  for (const auto& module : *tr.h) {
+    auto* block = module->as<BlockImpl>();
+    x = checkpointing_ ? checkpoint([block](const torch::Tensor& in) { return block->forward(in); }, x, block->parameters())
+                       : block->forward(x);
+  }
   return parts_->lm_head->project(tr.ln_f(x));
 }
 

@@ -1,3 +1,4 @@
+#include <mpiddp/checkpoint.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/model.hpp>
 
@@ -30,6 +31,13 @@ class ModuleModel final : public Model {
   void to(c10::Device device) override { module_->to(device); }
   std::string description() const override { return name_.empty() ? module_->name() : name_; }
   std::shared_ptr<torch::nn::Module> module() const override { return module_; }
+  void set_activation_checkpointing(bool on) override {
+    if (auto* blocks = dynamic_cast<Checkpointable*>(module_.get())) {
+      blocks->set_activation_checkpointing(on);
+      return;
+    }
+    Model::set_activation_checkpointing(on);
+  }
 
  private:
   static NamedTensors named(const torch::OrderedDict<std::string, torch::Tensor>& d) {
@@ -88,6 +96,13 @@ class ScriptModel final : public Model {
 const std::string& Model::torchscript_bytes() const {
   static const std::string none;
   return none;
+}
+
+void Model::set_activation_checkpointing(bool on) {
+  if (!on) return;
+  MPIDDP_THROW("activation checkpointing: the model (" + description() +
+               ") cannot be split into blocks (the built-in gpt can; a C++ module can call mpiddp::checkpoint in its "
+               "forward)");
 }
 
 void Model::save_torchscript(std::ostream& /*out*/) const {

@@ -144,6 +144,7 @@ void Trainer::adopt(ModelAndOptimizer made) {
     base_lrs_.push_back(g.options().get_lr());
   }
   model_->to(options_.device);
+  model_->set_activation_checkpointing(options_.activation_checkpointing);
   check_model_fits_data();
 }
 

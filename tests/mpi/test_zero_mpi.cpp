@@ -3,10 +3,14 @@
 // SGD+momentum, Adam and AdamW (nanoGPT's decay groups), clipping to the global norm, gradient
 // accumulation and small buckets whose shards cut parameters apart; the shards cover every element
 // once; the gathered optimizer state is DDP's, and a ZeroOptimizer made from it continues the run.
+// Activation checkpointing (the GPT's blocks, with dropout) at every stage, with accumulation and
+// bf16 autocast: equal to the run without it.
 // On a GPU (scripts/gpu.sh): the same equalities with everything on CUDA, and the GPT trained on CUDA
 // under stage 2 following the CPU run of stage 0.
+#include <mpiddp/checkpoint.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/precision.hpp>
 #include <mpiddp/gpt.hpp>
 #include <mpiddp/optim.hpp>
 #include <mpiddp/zero.hpp>
@@ -65,8 +69,9 @@ Case cnn() {
 // Without biases: the key projection's bias has a gradient that is zero but for rounding (softmax
 // ignores a score added to every key alike), and Adam divides that noise by eps into updates of
 // ~1e-6 that any change of summation order (the reduce-scatter's, the clipping norm's) moves.
-mpiddp::GptConfig gpt_config() {
+mpiddp::GptConfig gpt_config(double dropout = 0) {
   mpiddp::GptConfig c;
+  c.dropout = dropout;
   c.bias = false;
   c.n_layer = 2;
   c.n_head = 2;
@@ -76,8 +81,8 @@ mpiddp::GptConfig gpt_config() {
   return c;
 }
 
-Case gpt() {
-  return {[] { return std::make_shared<mpiddp::GptImpl>(gpt_config()); },
+Case gpt(double dropout = 0) {
+  return {[dropout] { return std::make_shared<mpiddp::GptImpl>(gpt_config(dropout)); },
           [](torch::nn::Module& m, int step, int micro, int rank, c10::Device device) {
             seed_for(step, micro, rank);
             auto tokens = torch::randint(0, 37, {kBatch, 9}, torch::kLong).to(device);
@@ -119,6 +124,8 @@ struct Spec {
   std::string backend = "mpi";
   std::optional<c10::ScalarType> compression;  // gradients on the wire
   c10::Device device = c10::kCPU;               // of the model, its data and the optimizer's state
+  bool checkpointing = false;                   // the model's blocks (mpiddp::Checkpointable)
+  c10::ScalarType precision = c10::kFloat;      // autocast of the forward
 };
 
 struct Training {
@@ -133,6 +140,7 @@ Training start(const Case& c, const Spec& s) {
   torch::manual_seed(7);
   r.model = c.make();
   r.model->to(s.device);
+  if (s.checkpointing) dynamic_cast<mpiddp::Checkpointable&>(*r.model).set_activation_checkpointing(true);
   mpiddp::DdpOptions d;
   d.reduction = mpiddp::zero_reduction(s.stage, s.compression);
   d.bucket_cap_bytes = d.first_bucket_cap_bytes = s.bucket_cap;
@@ -148,7 +156,12 @@ void train(Training& r, const Case& c, const Spec& s, int first_step, int steps)
     for (int m = 0; m < s.accum; ++m) {
       std::optional<mpiddp::DistributedDataParallel::NoSync> local;
       if (m + 1 < s.accum) local.emplace(r.ddp.get());
-      (c.loss(*r.model, step, m, rank, s.device) / s.accum).backward();
+      torch::Tensor loss;
+      {
+        mpiddp::Autocast autocast(s.device, s.precision);
+        loss = c.loss(*r.model, step, m, rank, s.device).to(torch::kFloat);
+      }
+      (loss / s.accum).backward();
     }
     if (r.zero) {
       if (s.clip > 0) r.zero->clip_grad_norm(s.clip);
@@ -166,6 +179,15 @@ double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i].cpu() - b[i].cpu()).abs().max().item<double>());
   return worst;
+}
+
+// Run `a` against run `b` after `steps` steps: max |diff| over every parameter.
+double run_vs_run(const Case& c, const Spec& a, const Spec& b, int steps = 4) {
+  Training ra = start(c, a);
+  train(ra, c, a, 0, steps);
+  Training rb = start(c, b);
+  train(rb, c, b, 0, steps);
+  return max_abs_diff(ra.model->parameters(), rb.model->parameters());
 }
 
 // Stage `stage` against stage 0 after `steps` steps: max |diff| over every parameter.
@@ -258,6 +280,29 @@ TEST(Zero, GptEqualsDdpAndStaysTied) {
     const auto named = r.model->named_parameters();
     MPIDDP_EXPECT_ALL(named["lm_head.weight"].is_same(named["transformer.wte.weight"]));
   }
+}
+
+TEST(ActivationCheckpointing, GptEqualsThePlainRunAtEveryStage) {
+  for (auto precision : {c10::kFloat, c10::kBFloat16}) {
+    for (int stage = 0; stage <= mpiddp::kMaxZeroStage; ++stage) {
+      Spec plain;
+      plain.stage = stage;
+      plain.accum = 2;
+      plain.clip = 1.0;
+      plain.precision = precision;
+      Spec checked = plain;
+      checked.checkpointing = true;
+      const double diff = run_vs_run(gpt(0.1), checked, plain);
+      MPIDDP_EXPECT_ALL(diff <= 1e-6) << mpiddp::precision_name(precision) << " stage " << stage << ": " << diff;
+    }
+  }
+  // Dropout mattered: the same run without it ends elsewhere.
+  Spec s;
+  s.checkpointing = true;
+  Training with = start(gpt(0.1), s), without = start(gpt(0), s);
+  train(with, gpt(0.1), s, 0, 2);
+  train(without, gpt(0), s, 0, 2);
+  MPIDDP_EXPECT_ALL(max_abs_diff(with.model->parameters(), without.model->parameters()) > 1e-4);
 }
 
 TEST(Zero, ShardsCoverEveryElementOnce) {

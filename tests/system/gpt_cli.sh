@@ -126,6 +126,21 @@ for n in 1 2; do
   check "TorchScript GPT np$n: equal to the same Python training (2e-5), still tied" ref compare "$d.ref.pt" "$d.state.pt" 2e-5
 done
 
+# --activation-checkpointing: each block recomputed in backward (dropout drawing the same masks),
+# at ZeRO stages 0 and 2, with accumulation: the same parameters as the run without it (1e-6).
+for stage in 0 2; do
+  for ac in off on; do
+    flag=()
+    [ $ac = on ] && flag=(--activation-checkpointing)
+    run_np 2 "$mpiddp" train "${gpt[@]}" "${opt[@]}" --data "$train" --batch-size 2 --grad-accum 2 --max-steps 3 \
+      --threads 1 --dropout 0.1 --zero-stage $stage --snapshot-dir "$tmp/ac-$stage-$ac" "${flag[@]}"
+    check "activation checkpointing $ac, stage $stage: trains" [ "$rc" -eq 0 ]
+    run_alone "$mpiddp" export "$tmp/ac-$stage-$ac/latest.h5" --out "$tmp/ac-$stage-$ac.pt" --format state-dict
+  done
+  check "activation checkpointing, stage $stage: equal to the run without it (1e-6)" \
+    ref compare "$tmp/ac-$stage-off.pt" "$tmp/ac-$stage-on.pt" 1e-6
+done
+
 # Bad input: one line from every rank, nothing hung.
 printf 'not a shard' >"$tmp/bad.bin"
 for n in 1 3; do

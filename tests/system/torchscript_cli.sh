@@ -142,6 +142,10 @@ bad "outputs of fewer classes than the labels" "labels range over \[0, 3\] but t
 bad "outputs of the wrong shape for the targets" "the model's outputs for 2 samples are \[2\]; class labels need \[2, classes\]" \
   train --model "$tmp/flat.pt" --data "$tmp/train.h5"
 bad "inputs the model cannot take" "fails on inputs of \[2, 1, 8, 8\]" train --model "$tmp/other.pt" --data "$tmp/train.h5"
+bad "activation checkpointing of a TorchScript module" "activation checkpointing: the model (torchscript" \
+  train --model "$tmp/plain.pt" --data "$tmp/train.h5" --activation-checkpointing
+bad "activation checkpointing of the built-in mlp" "the model (mlp) cannot be split into blocks" \
+  train --model mlp --data "$tmp/train.h5" --activation-checkpointing
 # A model whose parameters differ across ranks: each rank loads its own file.
 cat >"$tmp/per_rank.sh" <<EOF
 #!/usr/bin/env bash
