@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What activation checkpointing saves at long contexts and what its recompute costs: the built-in
-# GPT of 4 layers x 4 heads x 256 (vocabulary 256), micro-batch 8, AdamW, 2 ranks x 1 thread,
+# GPT of 6 layers x 6 heads x 384 (vocabulary 256; bench/zero_bench.sh's), micro-batch 8, AdamW, 2 ranks x 1 thread,
 # snapshots on (a snapshot directory, the default cadence), at block sizes 128 and 512, trained
 # without and with --activation-checkpointing in one call, rounds interleaved. Per run: each rank's
 # peak RSS (GNU time) in the long run; tokens/s as the wall-clock marginal of two run lengths
@@ -14,7 +14,7 @@ blocks=${3:-128 512}
 bash scripts/deps.sh time >&2
 bash scripts/build.sh "$build" >&2
 text=$(workload_text)
-layers=4 heads=4 width=256 vocab=256 batch=8 ranks=2
+layers=6 heads=6 width=384 vocab=256 batch=8 ranks=2
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for block in $blocks; do
