@@ -16,6 +16,7 @@
 
 #include <mpiddp/data.hpp>
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/memory_plan.hpp>
 #include <mpiddp/model.hpp>
 #include <mpiddp/precision.hpp>
 #include <mpiddp/runtime.hpp>
@@ -98,6 +99,10 @@ struct TrainerOptions {
   /// backward instead of kept, for one more forward's time; results equal. The model must support
   /// it (Model::set_activation_checkpointing: the built-in GPT), else the Trainer throws.
   bool activation_checkpointing = false;
+  /// fit() plans each rank's peak memory before its first step (Trainer::plan_memory: one probing
+  /// forward and backward, training unchanged) and reports the measured peak after the first
+  /// steps, both through on_note. false: neither.
+  bool memory_plan = true;
   uint64_t seed = 0;          ///< the sampler's shuffle
   bool shuffle = true;
   bool drop_last = false;
@@ -214,6 +219,11 @@ class Trainer {
   FitResult fit(const std::function<void(const EpochMetrics&, const std::vector<std::string>&)>& on_epoch = nullptr,
                 const std::function<void(const std::string&)>& on_note = nullptr);
 
+  /// The predicted peak memory of each rank for this run, by part (memory_plan.hpp). Runs one
+  /// micro-batch's forward and backward to measure its activations, then puts back the random
+  /// generator, the buffers and the gradients it moved: training is unchanged. Local.
+  MemoryPlan plan_memory();
+
   Model& model() { return *model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const TrainerOptions& options() const { return options_; }
@@ -235,6 +245,14 @@ class Trainer {
   /// One forward on two samples (evaluation mode, no gradient): the model takes the set's inputs
   /// and its outputs fit the targets. Local.
   void check_model_fits_data();
+  /// What one micro-batch's forward and backward add to the process at their peak, besides the
+  /// parameters' gradients: the activations and backward's working memory (a checkpointed
+  /// block's recompute included), by running them once. 0 off the CPU. Local.
+  int64_t probe_activations();
+  /// The largest rank's measured peak against the plan, one line. Collective.
+  std::string measured_memory(const MemoryPlan& plan, int64_t steps) const;
+  /// Steps after which fit() reports the measured peak (the optimizer's state exists from the first).
+  static constexpr int64_t kMemoryCheckSteps = 3;
   std::pair<double, double> evaluate();
   torch::Tensor forward(const torch::Tensor& inputs);  ///< under autocast when options say, float32 out
   /// The outputs and the loss of a batch: the loss function's, or the model's own (model_loss).

@@ -38,7 +38,7 @@ struct TrainConfig {
   double bucket_mb = 0, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
   int threads = 0;
-  bool no_shuffle = false, drop_last = false;
+  bool no_shuffle = false, drop_last = false, dry_run = false;
   TrainerOptions t;
 };
 
@@ -88,6 +88,9 @@ std::vector<Row> step_options() {
                 "micro-batches per optimizer step (each loss / K; gradients reduced only in the last)"),
       option<C>("zero-stage", [](C& c) -> auto& { return c.t.zero_stage; },
                 "0 (DDP) | 1 (ZeRO: each rank keeps 1/N of the optimizer state) | 2 (and 1/N of the gradients)"),
+      flag_switch<C>("dry-run", [](C& c) -> auto& { return c.dry_run; },
+                     "check the options, data and model, print the memory plan per rank and exit without training",
+                     "dry_run", [](bool on) { return nlohmann::json(on); }),
       flag_switch<C>("activation-checkpointing", [](C& c) -> auto& { return c.t.activation_checkpointing; },
                      "recompute each block's activations in backward instead of keeping them (gpt: per "
                      "transformer block; about a third more compute, the same results)",
@@ -376,6 +379,11 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
   auto build = [&] { trainer = make_trainer(c, threads, runtime, *pg); };
   if (auto code = agree_on_local_phase(runtime, "train", build)) return *code;
   if (runtime.rank() == 0) print_start(*trainer, c, threads, runtime);
+  if (c.dry_run) {
+    const auto plan = trainer->plan_memory();
+    if (runtime.rank() == 0) std::printf("%s\n", plan.describe().c_str());
+    return kExitOk;
+  }
   const auto result = trainer->fit(
       [&](const EpochMetrics& m, const std::vector<std::string>& lines) {
         if (runtime.rank() == 0) print_epoch(m, lines);

@@ -12,18 +12,22 @@
 #include <mpiddp/backends.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
+#include <mpiddp/checkpoint.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <iomanip>
+#include <sstream>
 #include <cmath>
 #include <set>
 
 #include "common/host.hpp"
 #include "common/text.hpp"
 #include "train/batch_source.hpp"
+#include "train/memory_plan.hpp"
 #include "log/progress_log.hpp"
 #include "train/run_position.hpp"
 #include "snapshot/parallel_snapshot.hpp"
@@ -181,6 +185,90 @@ void Trainer::check_model_fits_data() {
   }
 }
 
+namespace {
+
+// Optimizer state tensors per parameter element: Adam/AdamW's two moments (three with AMSGrad),
+// SGD's momentum buffer; 2 for an optimizer this does not know.
+int state_fields(const torch::optim::Optimizer& optimizer) {
+  if (optimizer.param_groups().empty()) return 0;
+  auto& options = optimizer.param_groups().front().options();
+  if (auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) return adam->amsgrad() ? 3 : 2;
+  if (auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) return adamw->amsgrad() ? 3 : 2;
+  if (auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) return sgd->momentum() != 0 ? 1 : 0;
+  return 2;
+}
+
+int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+}  // namespace
+
+MemoryPlan Trainer::plan_memory() {
+  const auto& o = options_;
+  detail::PlanInputs in;
+  in.resident = resident_bytes();
+  std::set<const void*> seen;
+  for (const auto& named : {model_->named_parameters(), model_->named_buffers()}) {
+    for (const auto& [name, t] : named) {
+      if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+      in.model_bytes += bytes_of(t);
+      in.largest_tensor = std::max(in.largest_tensor, bytes_of(t));
+    }
+  }
+  for (const auto& p : trainable(*model_)) in.trainable_bytes += bytes_of(p);
+  in.world = runtime_.size();
+  in.zero_stage = o.zero_stage;
+  in.bucket_cap = o.ddp.bucket_cap_bytes != kAutoBucketCap ? o.ddp.bucket_cap_bytes
+                                                          : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes);
+  in.state_fields = state_fields(*optimizer_);
+  in.snapshots = detail::SnapshotPolicy(o).enabled();
+  const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;
+  in.snapshot_through_rank_zero =
+      detail::resolve_io(detail::SnapshotIo::kAuto, snapshot_bytes) == detail::SnapshotIo::kThroughRankZero;
+  in.activations = probe_activations();
+  return detail::plan_memory(in);
+}
+
+int64_t Trainer::probe_activations() {
+  const auto& o = options_;
+  if (!o.device.is_cpu()) return 0;  // the CUDA caching allocator's figures: not yet
+  // What the step moves, put back after: the CPU generator (dropout), the buffers (BatchNorm),
+  // the gradients (none yet: each parameter's .grad left undefined, as training starts).
+  auto generator = at::detail::getDefaultCPUGenerator();
+  torch::Tensor rng;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    rng = generator.get_state();
+  }
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
+  for (const auto& [name, t] : model_->named_buffers()) buffers.emplace_back(t, t.clone());
+  const auto batch = train_->read_range(0, std::min<int64_t>(o.batch_size, train_->size()));
+  const auto params = trainable(*model_);
+  int64_t trainable_bytes = 0;
+  for (const auto& p : params) trainable_bytes += bytes_of(p);
+  // The peak of a forward and backward over what the process holds now: the high-water mark is
+  // reset to the current resident size first (Linux's clear_refs 5), then read after backward.
+  // Where it cannot be reset, what the forward holds for backward (malloc's bytes in use).
+  const int64_t resident = resident_bytes();
+  const bool peak_reset = reset_peak_resident_bytes();
+  const int64_t heap = heap_bytes_in_use();
+  int64_t held = 0;
+  {
+    auto loss = forward_loss(batch.inputs, batch.targets).second;
+    held = heap_bytes_in_use() - heap;
+    loss.backward();
+  }
+  // The step's peak less the parameters' gradients (the plan counts those by ZeRO's rule).
+  const int64_t step_peak = peak_reset ? peak_resident_bytes() - resident - trainable_bytes : held;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : params) p.mutable_grad().reset();
+    for (auto& [t, saved] : buffers) t.copy_(saved);
+  }
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(rng);
+  return std::max<int64_t>({0, held, step_peak});
+}
+
 Trainer::~Trainer() = default;
 
 const DatasetInfo& Trainer::data_info() const { return train_->info(); }
@@ -267,6 +355,12 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   if (detail::SnapshotPolicy(o).enabled()) detail::check_shared_directory(runtime_.world(), o.snapshot_dir);
   RunPosition p;
   auto resumed = restore(note, &result.resumed_from, p);
+  std::optional<MemoryPlan> memory;
+  if (o.memory_plan) {
+    memory = plan_memory();
+    note(memory->describe());
+  }
+  int64_t steps_run = 0;  ///< by this call; the measured peak is reported after kMemoryCheckSteps
   const RunPlan plan(o.epochs, steps_per_epoch_, o.max_steps);
   DdpOptions ddp_options = o.ddp;
   ddp_options.mean_tail_values = detail::StepAgreement::kSlots;  // the agreement rides with the gradients
@@ -310,6 +404,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       ddp.zero_grad();
       p.advance();
       progress.on_step(p, loss, verdict.bad_rank >= 0);
+      if (++steps_run == kMemoryCheckSteps && memory) note(measured_memory(*memory, steps_run));
       if (first_step_unix_s == 0) first_step_unix_s = detail::unix_seconds();
       if (snapshots.after_step(p, verdict.stop_signal != 0)) {
         p.seconds += clock.lap();
@@ -335,8 +430,21 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       result.last_snapshot = snapshot(plan.epoch_done(p) ? p.next_epoch() : p);
     }
   }
+  if (memory && steps_run > 0 && steps_run < kMemoryCheckSteps) note(measured_memory(*memory, steps_run));
   result.global_step = p.global_step;
   return result;
+}
+
+std::string Trainer::measured_memory(const MemoryPlan& plan, int64_t steps) const {
+  const auto peaks = allgather_int64(runtime_.world(), {peak_resident_bytes()});
+  const auto top = std::max_element(peaks.begin(), peaks.end());
+  const auto mib = [](int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20); };
+  std::ostringstream out;
+  out << "memory: measured peak " << mib(*top) << " MiB per rank (rank " << (top - peaks.begin()) << ") after "
+      << steps << (steps == 1 ? " step" : " steps") << ", " << std::fixed << std::setprecision(2)
+      << static_cast<double>(*top) / static_cast<double>(std::max<int64_t>(1, plan.peak())) << " x the plan's "
+      << mib(plan.peak()) << " MiB";
+  return out.str();
 }
 
 // Forward and backward over the step's micro-batches: all but the last accumulate gradients

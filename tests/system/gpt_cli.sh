@@ -12,14 +12,8 @@ trap 'rm -rf "$tmp"' EXIT
 MPIDDP_TEST_DEADLINE=180
 
 # A byte-level corpus (vocabulary 256) as llm.c shards.
-py - "$tmp/text.txt" <<'PY'
-import random, sys
-random.seed(7)
-words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
-open(sys.argv[1], "w").write(" ".join(random.choice(words) for _ in range(1500)))
-PY
-run_alone "$mpiddp" data text --in "$tmp/text.txt" --out "$tmp/tiny" --val-fraction 0.1
-check "data text writes the shards" [ "$rc" -eq 0 -a -f "$tmp/tiny_train_000001.bin" -a -f "$tmp/tiny_val_000000.bin" ]
+text_shards "$tmp/tiny" 1500 7
+check "data text writes the shards" [ -f "$tmp/tiny_train_000001.bin" -a -f "$tmp/tiny_val_000000.bin" ]
 train=$tmp/tiny_train_000001.bin val=$tmp/tiny_val_000000.bin
 
 # nanoGPT's shape, small: 2 layers, 2 heads, 32 wide, block 16; the same initial weights for both.

@@ -79,6 +79,18 @@ run_alone() {
   rm -f "$o" "$e"
 }
 
+# text_shards PREFIX WORDS SEED: llm.c token shards (bytes) of WORDS words drawn (seeded) from a
+# fixed list: PREFIX_train_000001.bin and PREFIX_val_000000.bin (a tenth), by the script's $mpiddp.
+text_shards() {
+  py - "$1.txt" "$2" "$3" <<'PY'
+import random, sys
+random.seed(int(sys.argv[3]))
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
+open(sys.argv[1], "w").write(" ".join(random.choice(words) for _ in range(int(sys.argv[2]))))
+PY
+  "$mpiddp" data text --in "$1.txt" --out "$1" --val-fraction 0.1 >/dev/null
+}
+
 count_lines() { grep -c -x -- "$1" <<<"$2"; }   # exact whole-line matches
 contains() { grep -q -- "$1" <<<"$2"; }
 lacks() { ! grep -q -- "$1" <<<"$2"; }

@@ -12,13 +12,7 @@ mounted=
 trap '[ -n "$mounted" ] && umount "$mounted"; rm -rf "$tmp"' EXIT
 MPIDDP_TEST_DEADLINE=240
 
-py - "$tmp/text.txt" <<'PY'
-import random, sys
-random.seed(3)
-words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
-open(sys.argv[1], "w").write(" ".join(random.choice(words) for _ in range(6000)))
-PY
-"$mpiddp" data text --in "$tmp/text.txt" --out "$tmp/tiny" --val-fraction 0.1 >/dev/null
+text_shards "$tmp/tiny" 6000 3
 # About 3 M parameters with AdamW: a 40 MB snapshot, long enough to write that a kill lands inside it.
 gpt=(train --model gpt --n-layer 4 --n-head 4 --n-embd 256 --block-size 32 --vocab-size 256
      --data "$tmp/tiny_train_000001.bin" --batch-size 2 --threads 1 --optimizer adamw --lr 0.001)

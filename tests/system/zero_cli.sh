@@ -32,13 +32,7 @@ same_state() {  # bitwise: parameters and optimizer state
 }
 
 "$mpiddp" data synthetic --samples 600 --features 20 --seed 1 --out "$tmp/syn.h5" >/dev/null
-py - "$tmp/text.txt" <<'PY'
-import random, sys
-random.seed(7)
-words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex junk and fog".split()
-open(sys.argv[1], "w").write(" ".join(random.choice(words) for _ in range(1500)))
-PY
-"$mpiddp" data text --in "$tmp/text.txt" --out "$tmp/tiny" --val-fraction 0.1 >/dev/null
+text_shards "$tmp/tiny" 1500 7
 
 mlp=(train --model mlp --data "$tmp/syn.h5" --batch-size 8 --grad-accum 2 --epochs 10 --threads 1
      --optimizer adamw --lr 0.01 --weight-decay 0.1)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The memory plan of `mpiddp train` against the peak each rank then reaches: within 20% for the
+# built-in GPT at ZeRO stages 0-2 with and without activation checkpointing, with snapshots on,
+# and for the MLP and the CNN; its parts follow ZeRO's sharding (optimizer state 1/N at stage 1,
+# gradients too at stage 2) and checkpointing (fewer activations); `--dry-run` prints the plan and
+# trains nothing. usage: memory_plan.sh MPIDDP_BINARY
+source "$(dirname "$0")/lib.sh"
+mpiddp=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+MPIDDP_TEST_DEADLINE=180
+
+text_shards "$tmp/tiny" 12000 5
+"$mpiddp" data synthetic --samples 4096 --features 20 --seed 1 --out "$tmp/syn.h5" >/dev/null
+py "$(dirname "$0")/../python/torchscript_ref.py" make-data "$tmp/img.h5" 512 1 28  # 28 x 28 images (the cnn's MNIST shape)
+# Activations the plan must get right: 4 blocks x 256 wide over windows of 256 tokens.
+gpt=(train --model gpt --n-layer 4 --n-head 4 --n-embd 256 --block-size 256 --vocab-size 256
+     --data "$tmp/tiny_train_000001.bin" --batch-size 4 --max-steps 4 --threads 1 --optimizer adamw --log-every 0)
+
+part() {  # part NAME: that part of the plan in $out, MiB
+  sed -n "s/.*memory plan per rank: .* $1 \([0-9]*\).*/\1/p" <<<"$out" | head -n 1
+}
+within_20_percent() {  # the measured peak against the plan in $out
+  local ratio
+  ratio=$(sed -n 's/.*, \([0-9.]*\) x the plan.s .*/\1/p' <<<"$out")
+  echo "       $(grep -m1 'memory plan' <<<"$out" | cut -c1-160)"
+  echo "       $(grep -m1 'measured peak' <<<"$out")"
+  [ -n "$ratio" ] && awk -v r="$ratio" 'BEGIN { exit !(r >= 0.8 && r <= 1.2) }'
+}
+plan_case() {  # plan_case NAME ARGS...: trains, and the measured peak is within 20% of the plan
+  local name=$1
+  shift
+  run_np 2 "$mpiddp" "$@"
+  check "$name: trains" [ "$rc" -eq 0 ]
+  check "$name: prints the plan" contains "^memory plan per rank: peak" "$out"
+  check "$name: measured peak within 20% of the plan" within_20_percent
+}
+
+for stage in 0 1 2; do
+  plan_case "gpt stage $stage" "${gpt[@]}" --zero-stage $stage --snapshot-dir "$tmp/s$stage" --save-every-steps 2
+  declare "optimizer_$stage=$(part 'optimizer state')" "gradients_$stage=$(part gradients)"
+  plan_case "gpt stage $stage, activation checkpointing" "${gpt[@]}" --zero-stage $stage --activation-checkpointing
+  declare "checkpointed_$stage=$(part activations)"
+  run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage $stage --dry-run
+  declare "plain_$stage=$(part activations)"
+done
+# At 2 ranks: stage 1 holds half the optimizer state, stage 2 also about half the gradients (its
+# owned half plus two buckets in flight).
+check "stage 1: half the optimizer state of stage 0 ($optimizer_1 vs $optimizer_0 MiB)" \
+  [ $((2 * optimizer_1)) -ge $((optimizer_0 - 1)) -a $((2 * optimizer_1)) -le $((optimizer_0 + 1)) ]
+check "stage 2: fewer gradients than stage 0 ($gradients_2 vs $gradients_0 MiB)" [ "$gradients_2" -lt "$gradients_0" ]
+check "checkpointing: fewer activations ($checkpointed_0 vs $plain_0 MiB)" [ "$checkpointed_0" -lt "$plain_0" ]
+
+plan_case "mlp" train --model mlp --data "$tmp/syn.h5" --batch-size 64 --max-steps 4 --threads 1 --log-every 0
+plan_case "cnn, stage 1" train --model cnn --data "$tmp/img.h5" --batch-size 32 --max-steps 4 --threads 1 \
+  --log-every 0 --zero-stage 1
+
+# --dry-run: the plan, nothing trained, nothing written.
+run_np 2 "$mpiddp" "${gpt[@]}" --dry-run --snapshot-dir "$tmp/dry"
+check "--dry-run: exits 0" [ "$rc" -eq 0 ]
+check "--dry-run: prints the plan" contains "^memory plan per rank: peak [0-9]* MiB = process" "$out"
+check "--dry-run: no step, no snapshot" bash -c '! grep -q "^Epoch\|measured peak" <<<"$1" && [ ! -e "$2/latest.h5" ]' _ "$out" "$tmp/dry"
+
+finish
