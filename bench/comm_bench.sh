@@ -82,7 +82,7 @@ if gloo:
     print(f"From 1 MiB up, gloo / plain MPI busbw: median {med(gl):.3f}.")
 PY
 # The raw numbers as records (bench/lib.sh), saved to bench/results/.
-python3 - "$out" "$reps" <<'PY' | while IFS=$'\t' read -r rep contender metric value unit; do
+python3 - "$out" "$reps" <<'PY' | sed 's/^/debian12\t/' | record_tsv
 import json, os, sys
 out, reps = sys.argv[1], int(sys.argv[2])
 for r in range(1, reps + 1):
@@ -99,6 +99,4 @@ for r in range(1, reps + 1):
             print(f"{r}\t{who}\tallreduce float32 {x['size_bytes']} B: time\t{o['time_us']}\tus")
             print(f"{r}\t{who}\tallreduce float32 {x['size_bytes']} B: busbw\t{o['busbw_gbps']}\tGB/s")
 PY
-  record debian12 "$rep" "$contender" "$metric" "$value" "$unit"
-done
 save_results

@@ -41,7 +41,7 @@ print(json.dumps({"round": int(sys.argv[1]), "stage": int(sys.argv[2]), "steps":
     done
   done
 done
-/usr/bin/python3 - "$out/results.jsonl" $layers $width $block $vocab "$ranks" <<'PY' | while read -r rnd who metric value unit; do
+/usr/bin/python3 - "$out/results.jsonl" $layers $width $block $vocab "$ranks" <<'PY' | record_tsv
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 L, C, T, V, N = (int(a) for a in sys.argv[2:7])
@@ -52,13 +52,12 @@ for rnd in sorted({r["round"] for r in rows}):
     for stage in (0, 1, 2):
         short, long = sorted((r for r in rows if r["round"] == rnd and r["stage"] == stage), key=lambda r: r["steps"])
         peak[stage] = max(long["rss_kib"]) * 1024
-        print(rnd, f"stage_{stage}", "tokens/s", (long["tokens"] - short["tokens"]) / (long["seconds"] - short["seconds"]), "tokens/s")
-        print(rnd, f"stage_{stage}", "peak_RSS_per_rank", peak[stage] / 2**20, "MiB")
+        rate = (long["tokens"] - short["tokens"]) / (long["seconds"] - short["seconds"])
+        print(f"debian12\t{rnd}\tstage {stage}\tthroughput\t{rate}\ttokens/s")
+        print(f"debian12\t{rnd}\tstage {stage}\tpeak RSS per rank\t{peak[stage] / 2**20}\tMiB")
         if stage:
-            print(rnd, f"stage_{stage}", "share_of_ideal_saving", 100 * (peak[0] - peak[stage]) / ideal[stage], "%")
+            print(f"debian12\t{rnd}\tstage {stage}\tshare of ideal saving\t{100 * (peak[0] - peak[stage]) / ideal[stage]}\t%")
 PY
-  record debian12 "$rnd" "${who/_/ }" "${metric//_/ }" "$value" "$unit"
-done
 save_results
 save_results "$out/results.jsonl"
 python3 bench/report.py --bench zero --ref "stage 0" "$out/records.jsonl"
