@@ -38,11 +38,10 @@ plan_case() {  # plan_case NAME ARGS...: trains, and the measured peak is within
 
 for stage in 0 1 2; do
   plan_case "gpt stage $stage" "${gpt[@]}" --zero-stage $stage --snapshot-dir "$tmp/s$stage" --save-every-steps 2
-  declare "optimizer_$stage=$(part 'optimizer state')" "gradients_$stage=$(part gradients)"
+  declare "optimizer_$stage=$(part 'optimizer state')" "gradients_$stage=$(part gradients)" \
+    "plain_$stage=$(part activations)"
   plan_case "gpt stage $stage, activation checkpointing" "${gpt[@]}" --zero-stage $stage --activation-checkpointing
   declare "checkpointed_$stage=$(part activations)"
-  run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage $stage --dry-run
-  declare "plain_$stage=$(part activations)"
 done
 # At 2 ranks: stage 1 holds half the optimizer state, stage 2 also about half the gradients (its
 # owned half plus two buckets in flight).
