@@ -246,9 +246,9 @@ class Trainer {
   /// and its outputs fit the targets. Local.
   void check_model_fits_data();
   /// What one micro-batch's forward and backward add to the process at their peak, besides the
-  /// parameters' gradients: the activations and backward's working memory (a checkpointed
-  /// block's recompute included), by running them once. 0 off the CPU. Local.
-  int64_t probe_activations();
+  /// parameters' gradients (`gradient_bytes`): the activations and backward's working memory (a
+  /// checkpointed block's recompute included), by running them once. 0 off the CPU. Local.
+  int64_t probe_activations(int64_t gradient_bytes);
   /// The largest rank's measured peak against the plan, one line. Collective.
   std::string measured_memory(const MemoryPlan& plan, int64_t steps) const;
   /// Steps after which fit() reports the measured peak (the optimizer's state exists from the first).

@@ -1,6 +1,7 @@
 // The memory plan's text and this process's memory figures (include/mpiddp/memory_plan.hpp).
 #include <mpiddp/memory_plan.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -53,6 +54,15 @@ std::string MemoryPlan::describe() const {
   out << "memory plan per rank: peak " << mib(peak()) << " MiB = process " << mib(process) << " + parameters "
       << mib(parameters) << " + gradients " << mib(gradients) << " + optimizer state " << mib(optimizer_state)
       << " + activations " << mib(activations) << " + snapshot buffers " << mib(snapshot_buffers);
+  return out.str();
+}
+
+std::string MemoryPlan::against(int64_t measured_peak, int rank, int64_t steps) const {
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2f", static_cast<double>(measured_peak) / static_cast<double>(std::max<int64_t>(1, peak())));
+  std::ostringstream out;
+  out << "memory: measured peak " << mib(measured_peak) << " MiB per rank (rank " << rank << ") after " << steps
+      << (steps == 1 ? " step" : " steps") << ", " << ratio << " x the plan's " << mib(peak()) << " MiB";
   return out.str();
 }
 

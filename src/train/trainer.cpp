@@ -19,8 +19,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iomanip>
-#include <sstream>
 #include <cmath>
 #include <set>
 
@@ -224,11 +222,11 @@ MemoryPlan Trainer::plan_memory() {
   const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;
   in.snapshot_through_rank_zero =
       detail::resolve_io(detail::SnapshotIo::kAuto, snapshot_bytes) == detail::SnapshotIo::kThroughRankZero;
-  in.activations = probe_activations();
+  in.activations = probe_activations(in.trainable_bytes);
   return detail::plan_memory(in);
 }
 
-int64_t Trainer::probe_activations() {
+int64_t Trainer::probe_activations(int64_t gradient_bytes) {
   const auto& o = options_;
   if (!o.device.is_cpu()) return 0;  // the CUDA caching allocator's figures: not yet
   // What the step moves, put back after: the CPU generator (dropout), the buffers (BatchNorm),
@@ -243,8 +241,6 @@ int64_t Trainer::probe_activations() {
   for (const auto& [name, t] : model_->named_buffers()) buffers.emplace_back(t, t.clone());
   const auto batch = train_->read_range(0, std::min<int64_t>(o.batch_size, train_->size()));
   const auto params = trainable(*model_);
-  int64_t trainable_bytes = 0;
-  for (const auto& p : params) trainable_bytes += bytes_of(p);
   // The peak of a forward and backward over what the process holds now: the high-water mark is
   // reset to the current resident size first (Linux's clear_refs 5), then read after backward.
   // Where it cannot be reset, what the forward holds for backward (malloc's bytes in use).
@@ -258,7 +254,7 @@ int64_t Trainer::probe_activations() {
     loss.backward();
   }
   // The step's peak less the parameters' gradients (the plan counts those by ZeRO's rule).
-  const int64_t step_peak = peak_reset ? peak_resident_bytes() - resident - trainable_bytes : held;
+  const int64_t step_peak = peak_reset ? peak_resident_bytes() - resident - gradient_bytes : held;
   {
     torch::NoGradGuard no_grad;
     for (auto& p : params) p.mutable_grad().reset();
@@ -438,13 +434,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
 std::string Trainer::measured_memory(const MemoryPlan& plan, int64_t steps) const {
   const auto peaks = allgather_int64(runtime_.world(), {peak_resident_bytes()});
   const auto top = std::max_element(peaks.begin(), peaks.end());
-  const auto mib = [](int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20); };
-  std::ostringstream out;
-  out << "memory: measured peak " << mib(*top) << " MiB per rank (rank " << (top - peaks.begin()) << ") after "
-      << steps << (steps == 1 ? " step" : " steps") << ", " << std::fixed << std::setprecision(2)
-      << static_cast<double>(*top) / static_cast<double>(std::max<int64_t>(1, plan.peak())) << " x the plan's "
-      << mib(plan.peak()) << " MiB";
-  return out.str();
+  return plan.against(*top, static_cast<int>(top - peaks.begin()), steps);
 }
 
 // Forward and backward over the step's micro-batches: all but the last accumulate gradients
