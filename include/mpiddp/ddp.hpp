@@ -67,14 +67,19 @@ struct DdpOptions {
   /// when compressed; travelling alone, float32 and uncompressed). The
   /// Trainer's per-step agreement (stop and non-finite loss flags) travels here.
   int64_t mean_tail_values = 0;
+  /// Groups of parameters that each get buckets of their own, whatever the cap (ZeRO stage 3's
+  /// units: Model::units()); a tensor in no group is bucketed by the caps as usual.
+  std::vector<std::vector<torch::Tensor>> units;
 };
 
 /// The bucket assignment rule as a pure function: parameters in reverse order of `sizes_bytes`
 /// (registration order), a new bucket when the dtype changes or the cap would be exceeded (the
 /// first bucket's cap is `first_cap`); a parameter larger than the cap gets a bucket of its own.
+/// `unit_of` (empty: none): each parameter's unit or -1; a unit's parameters that follow each
+/// other share one bucket whatever its size, and no bucket holds two units' parameters.
 std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
                                          const std::vector<c10::ScalarType>& dtypes, int64_t cap_bytes,
-                                         int64_t first_cap_bytes);
+                                         int64_t first_cap_bytes, const std::vector<int>& unit_of = {});
 
 struct DdpStats {
   int64_t steps = 0;                     ///< synchronised backward passes
@@ -160,6 +165,7 @@ class DistributedDataParallel {
   void on_gradient(size_t param);
   void adopt_gradient(size_t param);
   void make_buckets();
+  std::vector<int> unit_of_parameters() const;  ///< per parameter: its DdpOptions::units group, or -1
   void add_mean_tail(const std::vector<std::pair<std::string, torch::Tensor>>& parameters);
   void make_gradient_views();
   void add_gradient_hooks();

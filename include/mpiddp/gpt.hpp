@@ -12,6 +12,7 @@
 #pragma once
 
 #include <mpiddp/checkpoint.hpp>
+#include <mpiddp/units.hpp>
 
 #include <torch/torch.h>
 
@@ -37,7 +38,8 @@ struct GptConfig {
   static GptConfig from_json(const std::string& text);
 };
 
-class GptImpl : public torch::nn::Module, public Checkpointable {
+/// ZeRO stage 3's units (units.hpp): each transformer block.
+class GptImpl : public torch::nn::Module, public Checkpointable, public UnitModule {
  public:
   /// Builds and initialises the model (draws from the global CPU generator: seed it first).
   explicit GptImpl(const GptConfig& config);
@@ -53,6 +55,7 @@ class GptImpl : public torch::nn::Module, public Checkpointable {
   /// recomputed in backward instead of kept.
   void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
   bool activation_checkpointing() const override { return checkpointing_; }
+  std::vector<std::shared_ptr<torch::nn::Module>> units() const override;
 
  private:
   struct Parts;

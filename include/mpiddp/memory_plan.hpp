@@ -3,9 +3,10 @@
 // trains nothing), and the peak each rank reached, measured after the first steps.
 //   process          the process before the model: libtorch, MPI, the dataset cache (its resident
 //                    memory when planned, less the model's tensors)
-//   parameters       parameters and buffers
-//   gradients        one per trainable element (ZeRO 2: the owned 1/N plus two buckets in flight)
-//   optimizer_state  per element: Adam/AdamW 2 fields (AMSGrad 3), SGD with momentum 1 (ZeRO 1-2: 1/N)
+//   parameters       parameters and buffers (ZeRO 3: the units' 1/N, plus the units gathered at
+//                    once: two with prefetch, one without, all with reshard_after_forward off)
+//   gradients        one per trainable element (ZeRO 2-3: the owned 1/N plus two buckets in flight)
+//   optimizer_state  per element: Adam/AdamW 2 fields (AMSGrad 3), SGD with momentum 1 (ZeRO 1-3: 1/N)
 //   activations      what one micro-batch's forward and backward add at their peak besides the
 //                    gradients: the saved activations and backward's working memory (with
 //                    activation checkpointing: the blocks' inputs and one block's recompute),

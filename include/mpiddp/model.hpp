@@ -14,6 +14,8 @@
 
 namespace mpiddp {
 
+class UnitHooks;
+
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 class Model {
@@ -45,6 +47,11 @@ class Model {
   /// module that implements mpiddp::Checkpointable can (the built-in GPT); anything else throws
   /// mpiddp::Error (one line): it cannot be split into blocks.
   virtual void set_activation_checkpointing(bool on);
+  /// ZeRO stage 3's units (units.hpp): each unit's parameters, in the order forward runs the units;
+  /// empty for a model without units (a TorchScript module, a C++ module that is no UnitModule).
+  virtual std::vector<std::vector<torch::Tensor>> units() const { return {}; }
+  /// Runs the units' forwards through `hooks` from now on (nullptr: plainly). Nothing without units.
+  virtual void set_unit_hooks(UnitHooks* /*hooks*/) {}
   /// The underlying C++ module (nullptr for TorchScript).
   virtual std::shared_ptr<torch::nn::Module> module() const { return nullptr; }
 };

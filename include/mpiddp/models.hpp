@@ -6,6 +6,7 @@
 #include <mpiddp/data.hpp>
 #include <mpiddp/gpt.hpp>
 #include <mpiddp/model.hpp>
+#include <mpiddp/units.hpp>
 
 #include <torch/torch.h>
 
@@ -26,19 +27,23 @@ struct LinearNetImpl : torch::nn::Module {
 TORCH_MODULE(LinearNet);
 
 /// fc1 = Linear(in, 128), ReLU, fc2 = Linear(128, 64), ReLU, fc3 = Linear(64, out), on the flattened inputs.
-struct MlpImpl : torch::nn::Module {
+/// ZeRO stage 3's units (units.hpp): each Linear.
+struct MlpImpl : torch::nn::Module, UnitModule {
   MlpImpl(int64_t in, int64_t out);
   torch::Tensor forward(const torch::Tensor& x);
+  std::vector<std::shared_ptr<torch::nn::Module>> units() const override;
   torch::nn::Linear fc1, fc2, fc3;
 };
 TORCH_MODULE(Mlp);
 
 /// PyTorch's examples/mnist `Net` with its parameter names (conv1, conv2, fc1, fc2), returning
 /// logits (the example's log_softmax + nll_loss is the cross-entropy the trainer applies), so its
-/// state_dict loads into the Python class. Inputs [1, 28, 28], 10 classes.
-struct MnistNetImpl : torch::nn::Module {
+/// state_dict loads into the Python class. Inputs [1, 28, 28], 10 classes. ZeRO stage 3's units
+/// (units.hpp): each convolution and Linear.
+struct MnistNetImpl : torch::nn::Module, UnitModule {
   MnistNetImpl();
   torch::Tensor forward(const torch::Tensor& input);
+  std::vector<std::shared_ptr<torch::nn::Module>> units() const override;
   torch::nn::Conv2d conv1, conv2;
   torch::nn::Dropout dropout1, dropout2;
   torch::nn::Linear fc1, fc2;

@@ -38,6 +38,8 @@ struct BucketLayout {
   /// parameter). Under ZeRO, rank r's shard is elements [r * padded / N, (r + 1) * padded / N).
   int64_t padded = 0;
   c10::ScalarType dtype = c10::kFloat;
+  /// The unit (DdpOptions::units) whose parameters these are, or -1: parameters outside every unit.
+  int unit = -1;
 };
 
 class GradientReduction {

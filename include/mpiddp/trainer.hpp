@@ -20,6 +20,7 @@
 #include <mpiddp/model.hpp>
 #include <mpiddp/precision.hpp>
 #include <mpiddp/runtime.hpp>
+#include <mpiddp/zero.hpp>
 
 #include <torch/torch.h>
 
@@ -90,11 +91,17 @@ struct TrainerOptions {
   /// ZeRO (zero.hpp): 0 plain DDP; 1 each rank keeps the optimizer's state for its 1/N of the
   /// parameters only (gradients all-reduced, parameters all-gathered after the step); 2 also only
   /// its 1/N of the averaged gradient (buckets reduce-scattered during backward). The optimizer
-  /// must be SGD, Adam or AdamW. Each rank writes its own slices into the one snapshot file, which
-  /// holds every tensor whole: a run resumes at any stage and rank count.
+  /// must be SGD, Adam or AdamW. 3: also only its 1/N of the model's units' parameters
+  /// (Model::units(): the built-in GPT's blocks, the MLP's and CNN's layers), each unit gathered
+  /// for its forward and its backward (units.hpp); after fit() the model is whole again on every
+  /// rank (after a fit() that threw, the units' parameters are NaN). Each rank writes its own
+  /// slices into the one snapshot file, which holds every tensor whole: a run resumes at any stage
+  /// and rank count.
   /// The state lives in the shards during fit() and ends with it (gathering it whole on every rank
   /// would cost what stage 0 costs): after fit() the optimizer holds none; continue from a snapshot.
   int zero_stage = 0;
+  /// Stage 3's gathering: prefetch, and whether a unit is freed between its forward and backward.
+  ZeroOptions zero;
   /// The model's blocks run checkpointed (checkpoint.hpp): their activations are recomputed in
   /// backward instead of kept, for one more forward's time; results equal. The model must support
   /// it (Model::set_activation_checkpointing: the built-in GPT), else the Trainer throws.

@@ -1,5 +1,5 @@
 // ZeRO (DeepSpeed's names), all of it: the gradient reductions that shard DDP's buckets and the
-// optimizer that steps only this rank's shard.
+// optimizer that steps only this rank's shard, and stage 3's sharded parameters.
 //
 // Each bucket's buffer is padded to a multiple of the world size N and rank r owns its r-th equal
 // slice (Megatron's distributed optimizer shards per bucket the same way). ZeroOptimizer keeps
@@ -7,7 +7,13 @@
 // every bucket's parameters are all-gathered through a buffer of one bucket. Stage 1: DDP
 // all-reduces as usual (zero_reduction(1)) and the owned slices are read out of the averaged
 // buckets. Stage 2: DDP reduce-scatters each bucket during backward (zero_reduction(2)) and keeps
-// only the owned slice of the gradient.
+// only the owned slice of the gradient. Stage 3: as stage 2, and each unit's bucket (DdpOptions::units,
+// Model::units(); units.hpp) keeps only this rank's slice of its parameters too: the unit's
+// parameters are all-gathered just before its forward and its backward and freed after them
+// (src/zero/sharded_units.hpp), so a rank holds 1/N of the units' parameters, gradients and
+// optimizer state plus the units gathered at the moment. Parameters outside every unit stay whole
+// (stage 2). The model's forward must run its units through the hooks: model.set_unit_hooks(
+// zero.unit_hooks()) (the Trainer does), and nothing may read a unit's parameters outside it.
 //
 // Use from a plain loop, as the DDP wrapper (the Trainer does the same for `--zero-stage`):
 //   DdpOptions o;
@@ -46,18 +52,35 @@
 namespace mpiddp {
 
 /// The highest ZeRO stage mpiddp implements.
-constexpr int kMaxZeroStage = 2;
+constexpr int kMaxZeroStage = 3;
 /// The one rule for a ZeRO stage's range; the message names the field as `name`.
 void check_zero_stage(int stage, const std::string& name);
 /// The gradient reduction of ZeRO stage `stage` (0: DDP's all_reduce), `wire` as all_reduce()'s.
 std::shared_ptr<GradientReduction> zero_reduction(int stage, std::optional<c10::ScalarType> wire = std::nullopt);
+
+struct ZeroOptions {
+  /// Stage 3: a unit's parameters are freed after its forward and gathered again for its backward
+  /// (FSDP's reshard_after_forward); false keeps them from forward to backward (more memory, one
+  /// all-gather less per unit).
+  bool reshard_after_forward = true;
+  /// Stage 3: the next unit's all-gather is in flight while the current unit computes, in forward
+  /// and in backward (at most two units gathered at once).
+  bool prefetch = true;
+};
+
+class UnitHooks;
+namespace detail {
+class ShardedUnits;
+}
 
 class ZeroOptimizer {
  public:
   /// Shards `optimizer`'s state: SGD, Adam and AdamW (and mpiddp's FusedAdam/FusedAdamW, still
   /// fused), else mpiddp::Error; `ddp` must reduce with zero_reduction(1 or 2). Every tensor it optimizes must be one `ddp` reduces. Collective
   /// only through what `ddp` is (no communication here).
-  ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer);
+  /// At stage 3 the parameters of `ddp`'s unit buckets are sharded here (their memory freed).
+  ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer, ZeroOptions options = {});
+  ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
@@ -74,6 +97,15 @@ class ZeroOptimizer {
   /// The optimizer's step on this rank's shards with the given optimizer's current
   /// hyperparameters, then every bucket's parameters all-gathered. Collective.
   void step();
+
+  /// Stage 3: what the model's units run through (Model::set_unit_hooks); nullptr below stage 3.
+  UnitHooks* unit_hooks() const;
+  /// Whether parameter `i` is whole on this rank (false: stage 3, a unit's parameter; only its
+  /// owned_range() lives here, in owned_values()).
+  bool holds_whole(size_t i) const;
+  /// The values of this rank's elements of parameter `i` (owned_range()), 1-D; writing them sets
+  /// the parameter (a sharded one: from its next gather on). Local.
+  torch::Tensor owned_values(size_t i) const;
 
   /// The parameters it shards: DDP's, in DDP's order (the index the calls below take).
   const std::vector<torch::Tensor>& parameters() const { return ddp_.parameters(); }
@@ -122,6 +154,7 @@ class ZeroOptimizer {
   DistributedDataParallel& ddp_;
   ProcessGroup& pg_;
   torch::optim::Optimizer& outer_;
+  std::unique_ptr<detail::ShardedUnits> units_;  ///< stage 3's parameters; null below
   std::vector<Piece> pieces_;
   std::vector<torch::Tensor> shards_;       ///< per piece: its parameter elements, .grad set
   std::unique_ptr<torch::optim::Optimizer> inner_;  ///< over shards_; null when this rank owns none

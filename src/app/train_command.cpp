@@ -38,7 +38,7 @@ struct TrainConfig {
   double bucket_mb = 0, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
   int threads = 0;
-  bool no_shuffle = false, drop_last = false, dry_run = false;
+  bool no_shuffle = false, drop_last = false, dry_run = false, zero_no_prefetch = false, zero_keep_gathered = false;
   TrainerOptions t;
 };
 
@@ -87,7 +87,15 @@ std::vector<Row> step_options() {
       option<C>("grad-accum", [](C& c) -> auto& { return c.t.grad_accum; },
                 "micro-batches per optimizer step (each loss / K; gradients reduced only in the last)"),
       option<C>("zero-stage", [](C& c) -> auto& { return c.t.zero_stage; },
-                "0 (DDP) | 1 (ZeRO: each rank keeps 1/N of the optimizer state) | 2 (and 1/N of the gradients)"),
+                "0 (DDP) | 1 (ZeRO: each rank keeps 1/N of the optimizer state) | 2 (and 1/N of the gradients) | 3 "
+                "(and 1/N of the parameters of the model's units: gpt blocks, mlp and cnn layers)"),
+      flag_switch<C>("zero-no-prefetch", [](C& c) -> auto& { return c.zero_no_prefetch; },
+                     "ZeRO stage 3: gather each unit only when it runs (no all-gather in flight beside compute)",
+                     "zero_prefetch", [](bool on) { return nlohmann::json(!on); }),
+      flag_switch<C>("zero-keep-gathered", [](C& c) -> auto& { return c.zero_keep_gathered; },
+                     "ZeRO stage 3: keep each unit gathered from its forward to its backward (one all-gather less "
+                     "per unit, more memory)",
+                     "zero_reshard_after_forward", [](bool on) { return nlohmann::json(!on); }),
       flag_switch<C>("dry-run", [](C& c) -> auto& { return c.dry_run; },
                      "check the options, data and model, print the memory plan per rank and exit without training",
                      "dry_run", [](bool on) { return nlohmann::json(on); }),
@@ -270,6 +278,8 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
   auto& t = c.t;
   t.shuffle = !c.no_shuffle;
   t.drop_last = c.drop_last;
+  t.zero.prefetch = !c.zero_no_prefetch;
+  t.zero.reshard_after_forward = !c.zero_keep_gathered;
   if (vm["lr"].defaulted()) {
     const auto* optimizer = find_optimizer(c.optimizer);
     c.lr = optimizer ? optimizer->default_lr : 0.001;  // an unknown name fails in check_cli_flags

@@ -15,8 +15,9 @@ namespace mpiddp {
 
 std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
                                          const std::vector<c10::ScalarType>& dtypes, int64_t cap_bytes,
-                                         int64_t first_cap_bytes) {
+                                         int64_t first_cap_bytes, const std::vector<int>& unit_of) {
   MPIDDP_CHECK(numels.size() == dtypes.size(), "assign_buckets: numels and dtypes differ in length");
+  MPIDDP_CHECK(unit_of.empty() || unit_of.size() == numels.size(), "assign_buckets: unit_of and numels differ in length");
   MPIDDP_CHECK(cap_bytes > 0 && first_cap_bytes > 0, "bucket caps must be > 0 bytes");
   std::vector<BucketLayout> out;
   int64_t bytes = 0;
@@ -24,10 +25,13 @@ std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
     const int64_t size = numels[k] * static_cast<int64_t>(c10::elementSize(dtypes[k]));
     // The bucket being filled is the first one while exactly one exists.
     const int64_t current_cap = out.size() == 1 ? first_cap_bytes : cap_bytes;
-    const bool fits = !out.empty() && out.back().dtype == dtypes[k] && bytes + size <= current_cap;
+    const int unit = unit_of.empty() ? -1 : unit_of[k];
+    const bool fits = !out.empty() && out.back().dtype == dtypes[k] && out.back().unit == unit &&
+                      (unit >= 0 || bytes + size <= current_cap);
     if (!fits) {
       out.push_back(BucketLayout{});
       out.back().dtype = dtypes[k];
+      out.back().unit = unit;
       bytes = 0;
     }
     BucketLayout& b = out.back();
@@ -156,7 +160,7 @@ void DistributedDataParallel::make_buckets() {
   }
   const int64_t cap = options_.bucket_cap_bytes == kAutoBucketCap ? reduction_->bucket_cap(gradient_bytes)
                                                                   : options_.bucket_cap_bytes;
-  layouts_ = assign_buckets(numels, dtypes, cap, options_.first_bucket_cap_bytes);
+  layouts_ = assign_buckets(numels, dtypes, cap, options_.first_bucket_cap_bytes, unit_of_parameters());
   std::vector<torch::TensorOptions> options;
   for (auto& l : layouts_) {
     l.padded = reduction_->padded(l.numel, pg_.size());
@@ -177,6 +181,24 @@ void DistributedDataParallel::make_buckets() {
     for (size_t s = 0; s < layouts_[b].params.size(); ++s) where_[layouts_[b].params[s]] = {b, s};
     buckets_.push_back(std::move(bucket));
   }
+}
+
+std::vector<int> DistributedDataParallel::unit_of_parameters() const {
+  if (options_.units.empty()) return {};
+  std::map<const void*, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = i;
+  std::vector<int> unit_of(params_.size(), -1);
+  for (size_t u = 0; u < options_.units.size(); ++u) {
+    for (const auto& p : options_.units[u]) {
+      const auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end()) continue;  // frozen: not reduced
+      MPIDDP_CHECK(unit_of[it->second] < 0 || unit_of[it->second] == static_cast<int>(u),
+                   "parameter '" + names_[it->second] + "' is in two units (" + std::to_string(unit_of[it->second]) +
+                       " and " + std::to_string(u) + ")");
+      unit_of[it->second] = static_cast<int>(u);
+    }
+  }
+  return unit_of;
 }
 
 void DistributedDataParallel::add_mean_tail(const std::vector<std::pair<std::string, torch::Tensor>>& parameters) {

@@ -21,7 +21,12 @@ torch::Tensor LinearNetImpl::forward(const torch::Tensor& x) { return fc(flat(x)
 MlpImpl::MlpImpl(int64_t in, int64_t out)
     : fc1(register_module("fc1", nn::Linear(in, 128))), fc2(register_module("fc2", nn::Linear(128, 64))),
       fc3(register_module("fc3", nn::Linear(64, out))) {}
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(flat(x)))))); }
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  auto h = run_unit(0, [this](const torch::Tensor& t) { return torch::relu(fc1(t)); }, flat(x));
+  h = run_unit(1, [this](const torch::Tensor& t) { return torch::relu(fc2(t)); }, h);
+  return run_unit(2, [this](const torch::Tensor& t) { return fc3(t); }, h);
+}
+std::vector<std::shared_ptr<nn::Module>> MlpImpl::units() const { return {fc1.ptr(), fc2.ptr(), fc3.ptr()}; }
 
 MnistNetImpl::MnistNetImpl()
     : conv1(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3)))),
@@ -32,10 +37,13 @@ MnistNetImpl::MnistNetImpl()
       fc2(register_module("fc2", nn::Linear(128, 10))) {}
 
 torch::Tensor MnistNetImpl::forward(const torch::Tensor& input) {
-  auto x = torch::relu(conv1(input));
-  x = torch::max_pool2d(torch::relu(conv2(x)), 2);
-  x = torch::relu(fc1(dropout1(x).flatten(1)));
-  return fc2(dropout2(x));
+  auto x = run_unit(0, [this](const torch::Tensor& t) { return torch::relu(conv1(t)); }, input);
+  x = run_unit(1, [this](const torch::Tensor& t) { return torch::max_pool2d(torch::relu(conv2(t)), 2); }, x);
+  x = run_unit(2, [this](const torch::Tensor& t) { return torch::relu(fc1(t)); }, dropout1(x).flatten(1));
+  return run_unit(3, [this](const torch::Tensor& t) { return fc2(t); }, dropout2(x));
+}
+std::vector<std::shared_ptr<nn::Module>> MnistNetImpl::units() const {
+  return {conv1.ptr(), conv2.ptr(), fc1.ptr(), fc2.ptr()};
 }
 
 }  // namespace models

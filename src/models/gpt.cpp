@@ -192,12 +192,20 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   auto& tr = *parts_->transformer;
   const auto pos = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = tr.drop(tr.wte->embed(idx) + tr.wpe(pos));
-  for (const auto& module : *tr.h) {
-    auto* block = module->as<BlockImpl>();
-    x = checkpointing_ ? checkpoint([block](const torch::Tensor& in) { return block->forward(in); }, x, block->parameters())
-                       : block->forward(x);
+  for (size_t i = 0; i < tr.h->size(); ++i) {
+    auto* block = tr.h[i]->as<BlockImpl>();
+    x = run_unit(i, [this, block](const torch::Tensor& in) {
+          return checkpointing_ ? checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, in, block->parameters())
+                                : block->forward(in);
+        }, x);
   }
   return parts_->lm_head->project(tr.ln_f(x));
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> GptImpl::units() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks;
+  for (const auto& block : *parts_->transformer->h) blocks.push_back(block);
+  return blocks;
 }
 
 torch::Tensor GptImpl::generate(torch::Tensor idx, int64_t max_new_tokens, double temperature, int64_t top_k) {

@@ -1,6 +1,7 @@
 #include <mpiddp/checkpoint.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/model.hpp>
+#include <mpiddp/units.hpp>
 
 #include <torch/script.h>
 
@@ -37,6 +38,16 @@ class ModuleModel final : public Model {
       return;
     }
     Model::set_activation_checkpointing(on);
+  }
+  std::vector<std::vector<torch::Tensor>> units() const override {
+    std::vector<std::vector<torch::Tensor>> out;
+    if (const auto* split = dynamic_cast<const UnitModule*>(module_.get())) {
+      for (const auto& unit : split->units()) out.push_back(unit->parameters(/*recurse=*/true));
+    }
+    return out;
+  }
+  void set_unit_hooks(UnitHooks* hooks) override {
+    if (auto* split = dynamic_cast<UnitModule*>(module_.get())) split->set_unit_hooks(hooks);
   }
 
  private:

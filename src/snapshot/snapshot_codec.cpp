@@ -63,8 +63,22 @@ std::map<std::string, torch::Tensor> state_tensors(const torch::optim::Optimizer
 
 }  // namespace
 
-void model_parts(const Model& model, int rank, int size, std::vector<TensorPart>& parts, Snapshot& meta) {
-  for (const auto& [name, t] : model.named_parameters()) parts.push_back(even_share("model/" + name, t, rank, size));
+void model_parts(const Model& model, const ZeroOptimizer* zero, int rank, int size, std::vector<TensorPart>& parts,
+                 Snapshot& meta) {
+  std::map<const void*, size_t> sharded;  // ZeRO stage 3's unit parameters: each rank writes what it owns
+  for (size_t i = 0; zero && i < zero->parameters().size(); ++i) {
+    if (!zero->holds_whole(i)) sharded[zero->parameters()[i].unsafeGetTensorImpl()] = i;
+  }
+  for (const auto& [name, t] : model.named_parameters()) {
+    const auto it = sharded.find(t.unsafeGetTensorImpl());
+    if (it == sharded.end()) {
+      parts.push_back(even_share("model/" + name, t, rank, size));
+      continue;
+    }
+    const auto [first, numel] = zero->owned_range(it->second);
+    parts.push_back({"model/" + name, t.scalar_type(), t.sizes().vec(), first,
+                     numel > 0 ? zero->owned_values(it->second) : torch::Tensor()});
+  }
   for (const auto& [name, t] : model.named_buffers()) parts.push_back(even_share("model/" + name, t, rank, size));
   if (const auto gpt = std::dynamic_pointer_cast<GptImpl>(model.module())) meta.texts[kGptConfigKey] = gpt->config().to_json();
 }

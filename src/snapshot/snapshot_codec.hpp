@@ -29,8 +29,10 @@ void model_to_snapshot(const Model& model, Snapshot& s);
 void model_from_snapshot(Model& model, const Snapshot& s);
 
 // What each rank writes of a run into its one snapshot file, and reads back (parallel_snapshot.hpp).
-/// "model/<name>": an even share of every parameter and buffer; the GPT's shape into `meta`.
-void model_parts(const Model& model, int rank, int size, std::vector<TensorPart>& parts, Snapshot& meta);
+/// "model/<name>": an even share of every parameter and buffer (ZeRO stage 3's sharded parameters:
+/// each rank its owned range); the GPT's shape into `meta`.
+void model_parts(const Model& model, const ZeroOptimizer* zero, int rank, int size, std::vector<TensorPart>& parts,
+                 Snapshot& meta);
 /// Every parameter and buffer, whole on every rank (read once, all-gathered). Collective.
 void model_from_reader(Model& model, SnapshotReader& reader);
 /// The optimizer's state as optimizer_to_snapshot names it: under ZeRO (`zero`) each rank's own

@@ -43,7 +43,7 @@ std::string Trainer::save(const detail::RunPosition& p, const ZeroOptimizer* zer
   const int rank = runtime_.rank(), size = runtime_.size();
   std::vector<detail::TensorPart> parts;
   Snapshot meta;
-  detail::model_parts(*model_, rank, size, parts, meta);
+  detail::model_parts(*model_, zero, rank, size, parts, meta);
   detail::optimizer_parts(*optimizer_, model_->named_parameters(), zero, runtime_.world(), parts);
   detail::rng_parts(runtime_.world(), o.device, parts);
   const auto& script = model_->torchscript_bytes();

@@ -9,10 +9,13 @@ namespace mpiddp::detail {
 
 MemoryPlan plan_memory(const PlanInputs& in) {
   MemoryPlan plan;
-  plan.parameters = in.model_bytes;
+  // Stage 3 keeps 1/N of its units' parameters, and the units gathered at the moment whole.
+  plan.parameters = in.zero_stage == 3 ? in.model_bytes - in.unit_bytes + (in.unit_bytes + in.world - 1) / in.world +
+                                             in.gathered_unit_bytes
+                                       : in.model_bytes;
   plan.process = std::max<int64_t>(0, in.resident - in.model_bytes);
   const int64_t shard = (in.trainable_bytes + in.world - 1) / in.world;
-  // Stage 2 keeps the owned slice of each averaged bucket; a bucket being filled and one being
+  // Stages 2-3 keep the owned slice of each averaged bucket; a bucket being filled and one being
   // reduce-scattered are whole.
   plan.gradients = in.zero_stage >= 2 ? shard + std::min(in.trainable_bytes, 2 * in.bucket_cap) : in.trainable_bytes;
   plan.optimizer_state = in.state_fields * (in.zero_stage >= 1 ? shard : in.trainable_bytes);

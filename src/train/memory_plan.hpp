@@ -12,6 +12,8 @@ struct PlanInputs {
   int64_t model_bytes = 0;         ///< parameters and buffers, each tensor once
   int64_t trainable_bytes = 0;     ///< the parameters the optimizer steps
   int64_t largest_tensor = 0;      ///< bytes of the largest parameter or buffer
+  int64_t unit_bytes = 0;          ///< ZeRO stage 3: the parameters of the model's units (sharded)
+  int64_t gathered_unit_bytes = 0; ///< ZeRO stage 3: the units gathered at once at the peak
   int world = 1;
   int zero_stage = 0;
   int64_t bucket_cap = 0;          ///< the DDP bucket cap in force

@@ -215,6 +215,19 @@ MemoryPlan Trainer::plan_memory() {
   for (const auto& p : trainable(*model_)) in.trainable_bytes += bytes_of(p);
   in.world = runtime_.size();
   in.zero_stage = o.zero_stage;
+  if (o.zero_stage == 3) {
+    std::vector<int64_t> units;
+    for (const auto& unit : model_->units()) {
+      units.push_back(0);
+      for (const auto& p : unit) units.back() += p.requires_grad() ? bytes_of(p) : 0;
+    }
+    std::sort(units.rbegin(), units.rend());
+    for (size_t k = 0; k < units.size(); ++k) {
+      in.unit_bytes += units[k];
+      const size_t gathered = !o.zero.reshard_after_forward ? units.size() : o.zero.prefetch ? 2 : 1;
+      if (k < gathered) in.gathered_unit_bytes += units[k];
+    }
+  }
   in.bucket_cap = o.ddp.bucket_cap_bytes != kAutoBucketCap ? o.ddp.bucket_cap_bytes
                                                           : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes);
   in.state_fields = state_fields(*optimizer_);
@@ -362,9 +375,11 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   ddp_options.mean_tail_values = detail::StepAgreement::kSlots;  // the agreement rides with the gradients
   ddp_options.reduction = zero_reduction(o.zero_stage, o.ddp.compression);
   ddp_options.compression.reset();  // the reduction's now
+  if (o.zero_stage == 3) ddp_options.units = model_->units();
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options);
   detail::StepAgreement agreement(ddp.mean_tail(), pg_);
-  detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp);
+  detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp, *model_);
+  if (memory) reset_peak_resident_bytes();  // the measured peak is training's (stage 3 sharded the model just now)
   if (resumed) {  // the optimizer's state last: under ZeRO each rank reads only its slices
     restore_optimizer(*resumed, update.zero());
     resumed.reset();

@@ -30,7 +30,10 @@ class Update {
   /// continues from `from` (a snapshot's state) when it holds one. Under ZeRO the optimizer is
   /// sharded over `ddp` (its reduction says the stage), taking the state a resume put in it.
   Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
-         ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp);
+         ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, Model& model);
+  ~Update();
+  Update(const Update&) = delete;
+  Update& operator=(const Update&) = delete;
 
   /// The loss to differentiate: scaled by the fp16 loss scale, else as it is.
   torch::Tensor scale(const torch::Tensor& loss) const { return scaler_ ? scaler_->scale(loss) : loss; }
@@ -41,6 +44,7 @@ class Update {
   /// The loss scale now (0: no loss scaling).
   double loss_scale() const { return scaler_ ? scaler_->scale_value() : 0.0; }
   /// The ZeroOptimizer that shards the optimizer (null at stage 0): snapshots write its slices.
+  /// At stage 3 the model's units run through its hooks while this Update lives.
   ZeroOptimizer* zero() const { return zero_.get(); }
 
  private:
@@ -50,6 +54,7 @@ class Update {
   ProcessGroup& pg_;
   std::optional<GradScaler> scaler_;
   std::unique_ptr<ZeroOptimizer> zero_;
+  Model& model_;
 };
 
 }  // namespace mpiddp::detail

@@ -1,5 +1,5 @@
-// ZeRO's gradient reductions (zero.hpp): stage 1 all-reduces buffers padded to the ranks, stage 2
-// reduce-scatters each bucket as backward fills it and keeps only this rank's slice of the average.
+// ZeRO's gradient reductions (zero.hpp): stage 1 all-reduces buffers padded to the ranks, stages 2
+// and 3 reduce-scatter each bucket as backward fills it and keeps only this rank's slice of the average.
 #include <mpiddp/error.hpp>
 #include <mpiddp/zero.hpp>
 
@@ -9,22 +9,22 @@ namespace mpiddp {
 
 void check_zero_stage(int stage, const std::string& name) {
   MPIDDP_CHECK(stage >= 0 && stage <= kMaxZeroStage,
-               name + " must be 0 (DDP), 1 (optimizer state sharded) or 2 (and gradients), got " +
+               name + " must be 0 (DDP), 1 (optimizer state sharded), 2 (and gradients) or 3 (and parameters), got " +
                    std::to_string(stage));
 }
 
 namespace {
 
-// Stage 2: a bucket's buffer is transient (DDP makes it at the bucket's first gradient and drops it
+// Stages 2 and 3: a bucket's buffer is transient (DDP makes it at the bucket's first gradient and drops it
 // once its collective completed); the average stays in `shards_`, this rank's 1/N of each bucket.
 class ReduceScatter : public GradientReduction {
  public:
-  explicit ReduceScatter(std::optional<c10::ScalarType> wire) : wire_(wire) {
+  ReduceScatter(int stage, std::optional<c10::ScalarType> wire) : stage_(stage), wire_(wire) {
     if (wire_) check_wire_dtype(*wire_);
   }
 
   std::string name() const override { return "reduce-scatter"; }
-  int zero_stage() const override { return 2; }
+  int zero_stage() const override { return stage_; }
   int64_t padded(int64_t numel, int ranks) const override { return detail::round_up(numel, ranks); }
   bool keeps_buffer() const override { return false; }
 
@@ -60,6 +60,7 @@ class ReduceScatter : public GradientReduction {
   torch::Tensor owned_gradient(size_t b, const torch::Tensor& /*buffer*/) const override { return shards_[b]; }
 
  private:
+  int stage_;
   std::optional<c10::ScalarType> wire_;
   ProcessGroup* pg_ = nullptr;
   std::vector<torch::Tensor> shards_;
@@ -71,7 +72,7 @@ class ReduceScatter : public GradientReduction {
 
 std::shared_ptr<GradientReduction> zero_reduction(int stage, std::optional<c10::ScalarType> wire) {
   check_zero_stage(stage, "ZeRO stage");
-  if (stage == 2) return std::make_shared<ReduceScatter>(wire);
+  if (stage >= 2) return std::make_shared<ReduceScatter>(stage, wire);
   return all_reduce(wire, /*pad_to_ranks=*/stage == 1);
 }
 

@@ -8,6 +8,8 @@
 #include <functional>
 #include <map>
 
+#include "zero/sharded_units.hpp"
+
 namespace mpiddp {
 
 namespace {
@@ -24,9 +26,9 @@ const OptimizerSpec& shardable(const torch::optim::Optimizer& opt) {
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer)
+ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer, ZeroOptions options)
     : ddp_(ddp), pg_(ddp.process_group()), outer_(optimizer) {
-  MPIDDP_CHECK(stage() >= 1, "ZeroOptimizer needs a DistributedDataParallel that reduces with zero_reduction(1 or 2) "
+  MPIDDP_CHECK(stage() >= 1, "ZeroOptimizer needs a DistributedDataParallel that reduces with zero_reduction(1, 2 or 3) "
                              "(DdpOptions::reduction)");
   shardable(optimizer);
   const auto& params = ddp.parameters();
@@ -44,25 +46,30 @@ ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimiz
   }
 
   // This rank's slice of each bucket, cut into pieces: one per parameter it touches, a view of
-  // that parameter's own elements whose .grad is the same elements of the averaged gradient.
+  // that parameter's own elements (at stage 3, of the unit's shard) whose .grad is the same
+  // elements of the averaged gradient.
   torch::NoGradGuard no_grad;
   const auto& buckets = ddp.buckets();
   for (const auto& p : params) {
     MPIDDP_CHECK(p.is_contiguous(), "ZeRO needs contiguous parameters (a view of each is stepped in place)");
   }
+  if (stage() == 3) units_ = std::make_unique<detail::ShardedUnits>(ddp, options);
   for (size_t b = 0; b < buckets.size(); ++b) {
     for_each_in_slice(b, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t numel) {
-      if (group_of[i] >= 0) pieces_.push_back({i, b, in_param, in_bucket, numel});
+      pieces_.push_back({i, b, in_param, in_bucket, numel});
     });
   }
   for (const auto& piece : pieces_) {
-    auto shard = params[piece.param].detach().view(-1).narrow(0, piece.in_param, piece.numel);
-    shard.mutable_grad() = ddp.owned_gradient(piece.bucket).narrow(0, piece.in_bucket - slice_begin(piece.bucket), piece.numel);
+    const int64_t in_slice = piece.in_bucket - slice_begin(piece.bucket);
+    auto shard = units_ && units_->sharded(piece.bucket)
+                     ? units_->shard(piece.bucket).narrow(0, in_slice, piece.numel)
+                     : params[piece.param].detach().view(-1).narrow(0, piece.in_param, piece.numel);
+    shard.mutable_grad() = ddp.owned_gradient(piece.bucket).narrow(0, in_slice, piece.numel);
     shards_.push_back(shard);
   }
 
   std::vector<torch::optim::OptimizerParamGroup> inner_groups;
-  for (size_t g = 0; g < groups.size(); ++g) {
+  for (size_t g = 0; g < groups.size(); ++g) {  // a parameter the optimizer does not step: in no group
     std::vector<torch::Tensor> mine;
     for (size_t k = 0; k < pieces_.size(); ++k) {
       if (group_of[pieces_[k].param] == static_cast<int64_t>(g)) mine.push_back(shards_[k]);
@@ -73,6 +80,27 @@ ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimiz
   }
   if (!inner_groups.empty()) inner_ = shardable(outer_).same_kind_over(outer_, std::move(inner_groups));
   take_state();
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+UnitHooks* ZeroOptimizer::unit_hooks() const { return units_.get(); }
+
+bool ZeroOptimizer::holds_whole(size_t i) const {
+  if (!units_) return true;
+  const auto* piece = piece_of(i);
+  if (piece) return !units_->sharded(piece->bucket);
+  for (size_t b = 0; b < ddp_.buckets().size(); ++b) {  // no elements here: is its bucket a unit's?
+    const auto& in = ddp_.buckets()[b].params;
+    if (std::find(in.begin(), in.end(), i) != in.end()) return !units_->sharded(b);
+  }
+  return true;
+}
+
+torch::Tensor ZeroOptimizer::owned_values(size_t i) const {
+  const auto* piece = piece_of(i);
+  if (!piece) return torch::empty({0}, ddp_.parameters()[i].options().requires_grad(false));
+  return shards_[static_cast<size_t>(piece - pieces_.data())];
 }
 
 int64_t ZeroOptimizer::slice_begin(size_t bucket) const {
@@ -118,11 +146,13 @@ void ZeroOptimizer::step() {
     }
     inner_->step();
   }
+  if (units_) units_->release_all();  // stage 3: gathered units are stale; each is gathered when next run
   // Each bucket's parameters, every rank's slice from its owner: a buffer of the bucket's layout,
   // this rank's slice filled from its parameters, all-gathered in place, copied out. One bucket
   // at a time, so that the buffer costs one bucket, not the model.
   const auto& params = ddp_.parameters();
   for (size_t b = 0; b < ddp_.buckets().size(); ++b) {
+    if (units_ && units_->sharded(b)) continue;
     const auto& layout = ddp_.buckets()[b];
     auto flat = torch::empty({layout.padded}, params[layout.params.front()].options());
     flat.narrow(0, layout.numel, layout.padded - layout.numel).zero_();

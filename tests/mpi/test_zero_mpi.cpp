@@ -41,16 +41,39 @@ struct Case {
 
 void seed_for(int step, int micro, int rank) { torch::manual_seed(1000 + 100 * step + 10 * micro + rank); }
 
-Case mlp() {  // 20 -> 33 -> 7 -> 4: element counts that no rank count divides
-  return {[] {
-            return std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(20, 33), torch::nn::ReLU(),
-                                                               torch::nn::Linear(33, 7), torch::nn::ReLU(),
-                                                               torch::nn::Linear(7, 4));
-          },
+// 20 -> 33 -> 7 -> 4: element counts that no rank count divides. ZeRO stage 3's units: the given
+// number of first layers (the others outside every unit).
+struct MlpImpl : torch::nn::Module, mpiddp::UnitModule {
+  explicit MlpImpl(size_t unit_layers) : unit_layers(unit_layers) {
+    for (auto [in, out] : {std::pair{20, 33}, std::pair{33, 7}, std::pair{7, 4}}) {
+      layers.push_back(register_module("fc" + std::to_string(layers.size() + 1), torch::nn::Linear(in, out)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      auto layer = [this, i](const torch::Tensor& t) {
+        auto y = layers[i](t);
+        return i + 1 < layers.size() ? torch::relu(y) : y;
+      };
+      x = i < unit_layers ? run_unit(i, layer, x) : layer(x);
+    }
+    return x;
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> units() const override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (size_t i = 0; i < unit_layers; ++i) out.push_back(layers[i].ptr());
+    return out;
+  }
+  size_t unit_layers;
+  std::vector<torch::nn::Linear> layers;
+};
+
+Case mlp(size_t unit_layers = 3) {
+  return {[unit_layers] { return std::make_shared<MlpImpl>(unit_layers); },
           [](torch::nn::Module& m, int step, int micro, int rank, c10::Device device) {
             seed_for(step, micro, rank);
             auto x = torch::randn({kBatch, 20}), y = torch::randn({kBatch, 4});
-            return torch::mse_loss(dynamic_cast<torch::nn::SequentialImpl&>(m).forward(x.to(device)), y.to(device));
+            return torch::mse_loss(dynamic_cast<MlpImpl&>(m).forward(x.to(device)), y.to(device));
           }};
 }
 
@@ -126,14 +149,33 @@ struct Spec {
   c10::Device device = c10::kCPU;               // of the model, its data and the optimizer's state
   bool checkpointing = false;                   // the model's blocks (mpiddp::Checkpointable)
   c10::ScalarType precision = c10::kFloat;      // autocast of the forward
+  mpiddp::ZeroOptions zero;                     // stage 3's gathering
 };
 
 struct Training {
+  Training() = default;
+  Training(Training&&) = default;
+  Training& operator=(Training&&) = default;
+  ~Training() { end_zero(); }
+  /// The ZeroOptimizer ended; at stage 3 the model's parameters whole again.
+  void end_zero() {
+    if (auto* split = dynamic_cast<mpiddp::UnitModule*>(model.get())) split->set_unit_hooks(nullptr);
+    zero.reset();
+  }
   std::shared_ptr<torch::nn::Module> model;
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<mpiddp::DistributedDataParallel> ddp;
   std::unique_ptr<mpiddp::ZeroOptimizer> zero;
 };
+
+// Stage 3's units: the parameters of each of the model's units (mpiddp::UnitModule), if any.
+std::vector<std::vector<torch::Tensor>> units_of(const torch::nn::Module& model) {
+  std::vector<std::vector<torch::Tensor>> out;
+  if (const auto* split = dynamic_cast<const mpiddp::UnitModule*>(&model)) {
+    for (const auto& unit : split->units()) out.push_back(unit->parameters());
+  }
+  return out;
+}
 
 Training start(const Case& c, const Spec& s) {
   Training r;
@@ -144,9 +186,13 @@ Training start(const Case& c, const Spec& s) {
   mpiddp::DdpOptions d;
   d.reduction = mpiddp::zero_reduction(s.stage, s.compression);
   d.bucket_cap_bytes = d.first_bucket_cap_bytes = s.bucket_cap;
+  if (s.stage == 3) d.units = units_of(*r.model);
   r.ddp = std::make_unique<mpiddp::DistributedDataParallel>(r.model, mpiddp::testing::checked_group(s.backend), d);
   r.optimizer = make_optimizer(s.optimizer, *r.model);
-  if (s.stage > 0) r.zero = std::make_unique<mpiddp::ZeroOptimizer>(*r.ddp, *r.optimizer);
+  if (s.stage > 0) r.zero = std::make_unique<mpiddp::ZeroOptimizer>(*r.ddp, *r.optimizer, s.zero);
+  if (auto* split = dynamic_cast<mpiddp::UnitModule*>(r.model.get()); split && r.zero) {
+    split->set_unit_hooks(r.zero->unit_hooks());
+  }
   return r;
 }
 
@@ -181,12 +227,14 @@ double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch
   return worst;
 }
 
-// Run `a` against run `b` after `steps` steps: max |diff| over every parameter.
+// Run `a` against run `b` after `steps` steps: max |diff| over every parameter (whole again).
 double run_vs_run(const Case& c, const Spec& a, const Spec& b, int steps = 4) {
   Training ra = start(c, a);
   train(ra, c, a, 0, steps);
+  ra.end_zero();
   Training rb = start(c, b);
   train(rb, c, b, 0, steps);
+  rb.end_zero();
   return max_abs_diff(ra.model->parameters(), rb.model->parameters());
 }
 
@@ -199,6 +247,7 @@ double stage_vs_ddp(const Case& c, Spec s, int steps = 4) {
   s.stage = stage;
   Training zero = start(c, s);
   train(zero, c, s, 0, steps);
+  zero.end_zero();
   return max_abs_diff(zero.model->parameters(), ddp.model->parameters());
 }
 
@@ -206,7 +255,7 @@ double stage_vs_ddp(const Case& c, Spec s, int steps = 4) {
 
 TEST(Zero, MlpEveryOptimizerEqualsDdp) {
   for (const std::string opt : {"sgd", "adam", "adamw"}) {
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       Spec s;
       s.stage = stage;
       s.optimizer = opt;
@@ -217,7 +266,7 @@ TEST(Zero, MlpEveryOptimizerEqualsDdp) {
 }
 
 TEST(Zero, MlpClippedAccumulatedSmallBucketsEqualsDdp) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     Spec s;
     s.stage = stage;
     s.clip = 0.05;  // below the gradients' norm: every step clips
@@ -231,7 +280,7 @@ TEST(Zero, MlpClippedAccumulatedSmallBucketsEqualsDdp) {
 TEST(Zero, EveryBackendAndCompressedGradientsEqualDdp) {
   for (const auto& backend : mpiddp::available_backends()) {
     if (backend == "nccl") continue;  // CPU tensors here; scripts/gpu.sh runs the GPU's
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       Spec s;
       s.stage = stage;
       s.backend = backend;
@@ -256,7 +305,7 @@ TEST(Zero, EveryBackendAndCompressedGradientsEqualDdp) {
 }
 
 TEST(Zero, CnnEqualsDdp) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     Spec s;
     s.stage = stage;
     s.clip = 0.1;
@@ -267,7 +316,7 @@ TEST(Zero, CnnEqualsDdp) {
 }
 
 TEST(Zero, GptEqualsDdpAndStaysTied) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     Spec s;
     s.stage = stage;
     s.clip = 1.0;
@@ -277,8 +326,80 @@ TEST(Zero, GptEqualsDdpAndStaysTied) {
     MPIDDP_EXPECT_ALL(diff <= 1e-6) << "stage " << stage << ": " << diff;
     Training r = start(gpt(), s);
     train(r, gpt(), s, 0, 2);
+    r.end_zero();
     const auto named = r.model->named_parameters();
     MPIDDP_EXPECT_ALL(named["lm_head.weight"].is_same(named["transformer.wte.weight"]));
+  }
+}
+
+// Stage 3 without prefetch, and keeping units gathered from forward to backward: fp32 equal to
+// stage 0; a bf16 forward equal to stage 2 (stages 1-3 step the same shards; against stage 0 a
+// bf16 run differs at ~1e-4 already at stage 1, the whole and the sharded AdamW rounding apart).
+TEST(Zero, Stage3GatheringOptionsEqualDdp) {
+  for (const auto& [prefetch, reshard] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+    Spec s;
+    s.stage = 3;
+    s.accum = 2;
+    s.zero.prefetch = prefetch;
+    s.zero.reshard_after_forward = reshard;
+    double diff = stage_vs_ddp(gpt(), s, 3);
+    MPIDDP_EXPECT_ALL(diff <= 1e-6) << "prefetch " << prefetch << " reshard " << reshard << ": " << diff;
+    s.precision = c10::kBFloat16;
+    Spec stage2 = s;
+    stage2.stage = 2;
+    diff = run_vs_run(gpt(), s, stage2, 3);
+    MPIDDP_EXPECT_ALL(diff <= 1e-6) << "bf16 prefetch " << prefetch << " reshard " << reshard << ": " << diff;
+  }
+}
+
+// Stage 3 holds its slices only: outside forward and backward no unit's parameter has memory; the
+// ranks' slices together are every element once; while a unit computes at most it and the next
+// one are gathered (prefetch), and no more without prefetch than the unit itself.
+TEST(Zero, Stage3HoldsItsSlicesAndAtMostTwoUnits) {
+  for (bool prefetch : {true, false}) {
+    Spec s;
+    s.stage = 3;
+    s.zero.prefetch = prefetch;
+    Training r = start(gpt(), s);
+    auto unit_bytes = [&] {
+      int64_t bytes = 0;
+      for (const auto& unit : units_of(*r.model)) {
+        for (const auto& p : unit) bytes += static_cast<int64_t>(p.storage().nbytes());
+      }
+      return bytes;
+    };
+    MPIDDP_EXPECT_ALL(unit_bytes() == 0) << unit_bytes();
+    int64_t total = 0;
+    for (const auto& p : distinct(r.model->parameters())) total += p.numel();
+    auto owned = torch::tensor({r.zero->owned_numel()}, torch::kLong);
+    r.ddp->process_group().allreduce(owned);
+    MPIDDP_EXPECT_ALL(owned.item<int64_t>() == total) << owned.item<int64_t>() << " vs " << total;
+    // A probe inside each unit's forward counts the units whose memory exists then.
+    struct Probe : mpiddp::UnitHooks {
+      mpiddp::UnitHooks* inner = nullptr;
+      std::function<int64_t()> gathered;
+      int64_t most = 0;
+      torch::Tensor run(size_t unit, const mpiddp::UnitForward& forward, const torch::Tensor& input) override {
+        return inner->run(unit, [&](const torch::Tensor& x) {
+          most = std::max(most, gathered());
+          return forward(x);
+        }, input);
+      }
+    } probe;
+    probe.inner = r.zero->unit_hooks();
+    probe.gathered = [&] {
+      int64_t n = 0;
+      for (const auto& unit : units_of(*r.model)) n += unit.front().storage().nbytes() > 0 ? 1 : 0;
+      return n;
+    };
+    dynamic_cast<mpiddp::UnitModule&>(*r.model).set_unit_hooks(&probe);
+    train(r, gpt(), s, 0, 2);
+    MPIDDP_EXPECT_ALL(probe.most == (prefetch ? 2 : 1)) << "prefetch " << prefetch << ": " << probe.most;
+    MPIDDP_EXPECT_ALL(unit_bytes() == 0) << unit_bytes();
+    r.end_zero();  // whole again: every unit's parameters have memory of their own
+    for (const auto& unit : units_of(*r.model)) {
+      for (const auto& p : unit) MPIDDP_EXPECT_ALL(p.storage().nbytes() >= p.numel() * p.element_size());
+    }
   }
 }
 
@@ -306,7 +427,7 @@ TEST(ActivationCheckpointing, GptEqualsThePlainRunAtEveryStage) {
 }
 
 TEST(Zero, ShardsCoverEveryElementOnce) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     Spec s;
     s.stage = stage;
     s.bucket_cap = 512;
@@ -324,7 +445,7 @@ TEST(Zero, ShardsCoverEveryElementOnce) {
 }
 
 TEST(Zero, GatheredStateIsDdpsAndResumes) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     Spec s;
     s.stage = stage;
     s.bucket_cap = 1024;
@@ -364,10 +485,13 @@ TEST(Zero, GatheredStateIsDdpsAndResumes) {
     // Whole on every rank, a new ZeroOptimizer slices it and the run continues as DDP's.
     zero.zero->drop_gathered_state();
     zero.zero->gather_state(-1);
+    zero.end_zero();
     zero.zero = std::make_unique<mpiddp::ZeroOptimizer>(*zero.ddp, *zero.optimizer);
+    if (auto* split = dynamic_cast<mpiddp::UnitModule*>(zero.model.get())) split->set_unit_hooks(zero.zero->unit_hooks());
     MPIDDP_EXPECT_ALL(zero.optimizer->state().empty());
     train(zero, gpt(), s, 3, 2);
     train(ddp, gpt(), s, 3, 2);
+    zero.end_zero();
     const double diff = max_abs_diff(zero.model->parameters(), ddp.model->parameters());
     MPIDDP_EXPECT_ALL(diff <= 1e-6) << "stage " << stage << " resumed: " << diff;
   }
@@ -376,8 +500,16 @@ TEST(Zero, GatheredStateIsDdpsAndResumes) {
 TEST(Zero, RefusesWhatItCannotShard) {
   Spec s;
   Training plain = start(mlp(), s);  // stage 0
-  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::ZeroOptimizer z(*plain.ddp, *plain.optimizer); }).find("zero_reduction(1 or 2)") !=
+  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::ZeroOptimizer z(*plain.ddp, *plain.optimizer); }).find("zero_reduction(1, 2 or 3)") !=
                     std::string::npos);
+  MPIDDP_EXPECT_ALL(error_of([] { mpiddp::zero_reduction(4); }).find("or 3 (and parameters), got 4") != std::string::npos);
+  // A parameter in two units.
+  auto model = std::make_shared<MlpImpl>(3);
+  mpiddp::DdpOptions d;
+  d.reduction = mpiddp::zero_reduction(3);
+  d.units = {model->layers[0]->parameters(), model->layers[0]->parameters()};
+  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::DistributedDataParallel(model, mpiddp::testing::checked_group("mpi"), d); })
+                        .find("is in two units (0 and 1)") != std::string::npos);
   s.stage = 2;
   Training r = start(mlp(), s);
   torch::optim::RMSprop other(r.model->parameters(), torch::optim::RMSpropOptions(0.01));

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The memory plan of `mpiddp train` against the peak each rank then reaches: within 20% for the
-# built-in GPT at ZeRO stages 0-2 with and without activation checkpointing, with snapshots on,
+# built-in GPT at ZeRO stages 0-3 with and without activation checkpointing, with snapshots on,
 # and for the MLP and the CNN; its parts follow ZeRO's sharding (optimizer state 1/N at stage 1,
-# gradients too at stage 2) and checkpointing (fewer activations); `--dry-run` prints the plan and
+# gradients too at stage 2, the blocks' parameters too at stage 3) and checkpointing (fewer activations); `--dry-run` prints the plan and
 # trains nothing. usage: memory_plan.sh MPIDDP_BINARY
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1
@@ -36,18 +36,24 @@ plan_case() {  # plan_case NAME ARGS...: trains, and the measured peak is within
   check "$name: measured peak within 20% of the plan" within_20_percent
 }
 
-for stage in 0 1 2; do
+for stage in 0 1 2 3; do
   plan_case "gpt stage $stage" "${gpt[@]}" --zero-stage $stage --snapshot-dir "$tmp/s$stage" --save-every-steps 2
   declare "optimizer_$stage=$(part 'optimizer state')" "gradients_$stage=$(part gradients)" \
-    "plain_$stage=$(part activations)"
-  plan_case "gpt stage $stage, activation checkpointing" "${gpt[@]}" --zero-stage $stage --activation-checkpointing
-  declare "checkpointed_$stage=$(part activations)"
+    "plain_$stage=$(part activations)" "parameters_$stage=$(part parameters)"
+  # (stage 3 without prefetch here: one block gathered at a time)
+  plan_case "gpt stage $stage, activation checkpointing" "${gpt[@]}" --zero-stage $stage --activation-checkpointing \
+    $([ $stage = 3 ] && echo --zero-no-prefetch)
+  declare "checkpointed_$stage=$(part activations)" "checkpointed_parameters_$stage=$(part parameters)"
 done
 # At 2 ranks: stage 1 holds half the optimizer state, stage 2 also about half the gradients (its
 # owned half plus two buckets in flight).
 check "stage 1: half the optimizer state of stage 0 ($optimizer_1 vs $optimizer_0 MiB)" \
   [ $((2 * optimizer_1)) -ge $((optimizer_0 - 1)) -a $((2 * optimizer_1)) -le $((optimizer_0 + 1)) ]
 check "stage 2: fewer gradients than stage 0 ($gradients_2 vs $gradients_0 MiB)" [ "$gradients_2" -lt "$gradients_0" ]
+# Stage 3 at 2 ranks: half of the 4 blocks, the embeddings, and the blocks gathered (two with
+# prefetch: as many bytes as stage 2 holds here; one without: fewer).
+check "stage 3 without prefetch: fewer parameters than stage 2 ($checkpointed_parameters_3 vs $parameters_2 MiB)" \
+  [ "$checkpointed_parameters_3" -lt "$parameters_2" ]
 check "checkpointing: fewer activations ($checkpointed_0 vs $plain_0 MiB)" [ "$checkpointed_0" -lt "$plain_0" ]
 
 plan_case "mlp" train --model mlp --data "$tmp/syn.h5" --batch-size 64 --max-steps 4 --threads 1 --log-every 0

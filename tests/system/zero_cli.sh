@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `mpiddp train --zero-stage 1|2` against stage 0 (DDP) through the whole Trainer: the MLP and the
+# `mpiddp train --zero-stage 1|2|3` against stage 0 (DDP) through the whole Trainer: the MLP and the
 # built-in GPT (tied weights, AdamW with nanoGPT's groups, clipping, accumulation, bf16 and fp16)
-# end with the parameters and the (whole, unsharded) optimizer state of stage 0 within 1e-6; a
+# end with the parameters and the (whole, unsharded) optimizer state of stage 0 within 1e-6 (stage 3:
+# the MLP's layers and the GPT's blocks sharded, each rank writing its slices of them); a
 # snapshot taken at one stage and rank count resumes at another (bitwise at the same ones); a bad
 # stage is one clear line and a non-zero exit, no hang. usage: zero_cli.sh MPIDDP_BINARY
 source "$(dirname "$0")/lib.sh"
@@ -49,7 +50,7 @@ for case in "mlp 2 fp32 0.5 8" "mlp 3 fp32 0.5 8" "gpt 2 fp32 1.0 6" "gpt 3 fp32
   read -r model n precision clip steps <<<"$case"
   declare -n args=$model
   skip=
-  for stage in 0 1 2; do
+  for stage in 0 1 2 3; do
     d=$tmp/$model-np$n-$precision-s$stage
     run_np "$n" "$mpiddp" "${args[@]}" --precision "$precision" --clip-grad-norm "$clip" --max-steps "$steps" --zero-stage $stage \
       --save-every-steps 100 --snapshot-dir "$d"
@@ -61,35 +62,38 @@ for case in "mlp 2 fp32 0.5 8" "mlp 3 fp32 0.5 8" "gpt 2 fp32 1.0 6" "gpt 3 fp32
     check "$model np$n $precision stage $stage: trains" [ "$rc" -eq 0 ]
   done
   [ -n "$skip" ] && continue
-  for stage in 1 2; do
+  for stage in 1 2 3; do
     a=$tmp/$model-np$n-$precision-s$stage/latest.h5 b=$tmp/$model-np$n-$precision-s0/latest.h5
     check "$model np$n $precision stage $stage: parameters equal stage 0's (1e-6)" close "$a" "$b" model 1e-6
     check "$model np$n $precision stage $stage: the snapshot's optimizer state is whole and stage 0's (1e-6)" \
       close "$a" "$b" optimizer 1e-6
   done
 done
-check "gpt stage 2: lm_head stays transformer.wte in the snapshot" py - "$tmp/gpt-np3-fp32-s2/latest.h5" <<'PY'
+for stage in 2 3; do
+  check "gpt stage $stage: lm_head stays transformer.wte in the snapshot" py - "$tmp/gpt-np3-fp32-s$stage/latest.h5" <<'PY'
 import h5py, numpy, sys
 m = h5py.File(sys.argv[1], "r")["model"]
 sys.exit(0 if numpy.array_equal(m["lm_head.weight"][()], m["transformer.wte.weight"][()]) else 1)
 PY
+done
 
 # ---- resume across stages and rank counts ------------------------------------------------------
 # Bitwise at the same stage and rank count: a run of 8 steps, its step-8 snapshot removed (as if
 # stopped after step 4's), resumed.
-run_np 2 "$mpiddp" "${mlp[@]}" --zero-stage 2 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$tmp/whole"
+# Stage 3: each rank writes its own slices of the sharded layers' parameters too.
+run_np 2 "$mpiddp" "${mlp[@]}" --zero-stage 3 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$tmp/whole"
 cp -r "$tmp/whole" "$tmp/part"
 rm "$tmp/part/snapshot-step0000000008.h5"
-run_np 2 "$mpiddp" "${mlp[@]}" --zero-stage 2 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$tmp/part" \
+run_np 2 "$mpiddp" "${mlp[@]}" --zero-stage 3 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$tmp/part" \
   --resume auto
-check "stage 2 np2: resumes at step 4" contains "Resuming training from snapshot at Epoch 1, step 4" "$out"
-check "stage 2 np2 stopped at step 4 and resumed: bitwise the uninterrupted run" \
+check "stage 3 np2: resumes at step 4" contains "Resuming training from snapshot at Epoch 1, step 4" "$out"
+check "stage 3 np2 stopped at step 4 and resumed: bitwise the uninterrupted run" \
   same_state "$tmp/whole/latest.h5" "$tmp/part/latest.h5"
 # Another stage and rank count, the global batch kept (3 x 4 = 2 x 6 = 12): as the same moves
 # made at stage 0 (which differ from an uninterrupted run by the other rank count's sums).
 opts=(--epochs 10 --threads 1 --optimizer adamw --lr 0.01 --weight-decay 0.1 --clip-grad-norm 0.5 --save-every-steps 4
       --keep 0)
-for how in "ref 0 0" "moved 2 1"; do
+for how in "ref 0 0" "moved 3 1"; do
   read -r d first then <<<"$how"
   run_np 3 "$mpiddp" train --model mlp --data "$tmp/syn.h5" --batch-size 4 --max-steps 8 "${opts[@]}" \
     --zero-stage "$first" --snapshot-dir "$tmp/$d"
@@ -97,21 +101,21 @@ for how in "ref 0 0" "moved 2 1"; do
   run_np 2 "$mpiddp" train --model mlp --data "$tmp/syn.h5" --batch-size 6 --max-steps 8 "${opts[@]}" \
     --zero-stage "$then" --snapshot-dir "$tmp/$d" --resume auto
 done
-check "stage 2 on 3 ranks resumed at stage 1 on 2: resumes at step 4" contains "Resuming training from snapshot at Epoch 1, step 4" "$out"
+check "stage 3 on 3 ranks resumed at stage 1 on 2: resumes at step 4" contains "Resuming training from snapshot at Epoch 1, step 4" "$out"
 # 1e-5: at 3 ranks the reduce-scatter and the all-reduce add three numbers in different orders (one
 # rounding apart), and AdamW's first steps divide by second moments still near zero.
 check "... ends where stage 0 ends after the same moves (1e-5)" close "$tmp/moved/latest.h5" "$tmp/ref/latest.h5" model 1e-5
 run_np 1 "$mpiddp" train --model mlp --data "$tmp/syn.h5" --batch-size 12 --max-steps 12 "${opts[@]}" \
-  --snapshot-dir "$tmp/moved" --resume auto
-check "... and again at stage 0 on 1 rank" [ "$rc" -eq 0 ]
+  --zero-stage 3 --snapshot-dir "$tmp/moved" --resume auto
+check "... and again at stage 3 on 1 rank" [ "$rc" -eq 0 ]
 
 # ---- bad input ---------------------------------------------------------------------------------
 for n in 1 3; do
-  run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --zero-stage 3
-  check "np$n --zero-stage 3: non-zero exit, no hang" failed_cleanly
-  check "np$n --zero-stage 3: one line" one_line "$err"
-  check "np$n --zero-stage 3: ... naming the rule" \
-    contains "--zero-stage must be 0 (DDP), 1 (optimizer state sharded) or 2 (and gradients), got 3" "$err"
+  run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --zero-stage 4
+  check "np$n --zero-stage 4: non-zero exit, no hang" failed_cleanly
+  check "np$n --zero-stage 4: one line" one_line "$err"
+  check "np$n --zero-stage 4: ... naming the rule" \
+    contains "--zero-stage must be 0 (DDP), 1 (optimizer state sharded), 2 (and gradients) or 3 (and parameters), got 4" "$err"
 done
 
 finish

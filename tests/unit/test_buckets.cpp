@@ -41,6 +41,22 @@ TEST(Buckets, DtypeChangeStartsNewBucket) {
   EXPECT_EQ(b[1].dtype, c10::kFloat);
 }
 
+TEST(Buckets, EachUnitItsOwnBucketWhateverTheCap) {
+  // Parameters 0 (no unit), 1-2 (unit 0), 3-4 (unit 1), 5 (no unit); caps of 8 bytes: two floats.
+  std::vector<c10::ScalarType> f(6, c10::kFloat);
+  auto b = assign_buckets({1, 100, 100, 100, 100, 1}, f, 8, 8, {-1, 0, 0, 1, 1, -1});
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0].params, (std::vector<size_t>{5}));  // outside the units: by the caps
+  EXPECT_EQ(b[0].unit, -1);
+  EXPECT_EQ(b[1].params, (std::vector<size_t>{4, 3}));  // 800 B over the cap: one bucket still
+  EXPECT_EQ(b[1].unit, 1);
+  EXPECT_EQ(b[2].params, (std::vector<size_t>{2, 1}));
+  EXPECT_EQ(b[2].unit, 0);
+  EXPECT_EQ(b[3].params, (std::vector<size_t>{0}));
+  EXPECT_EQ(b[3].unit, -1);
+  EXPECT_THROW(assign_buckets({1, 2}, {c10::kFloat, c10::kFloat}, 8, 8, {0}), mpiddp::Error);
+}
+
 TEST(Buckets, BadCapsThrow) {
   EXPECT_THROW(assign_buckets({1}, {c10::kFloat}, 0, 1), mpiddp::Error);
   EXPECT_THROW(assign_buckets({1, 2}, {c10::kFloat}, 1, 1), mpiddp::Error);

@@ -131,7 +131,7 @@ TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
       {[](auto& o) { o.cache_bytes = -1; }, "--cache_bytes must be >= 0"},
       {[](auto& o) { o.prefetch_batches = -1; }, "--prefetch_batches must be >= 0 (0: no reader thread), got -1"},
       {[](auto& o) { o.resume.clear(); }, "--resume takes auto, never or a snapshot file"},
-      {[](auto& o) { o.zero_stage = 3; }, "--zero_stage must be 0 (DDP), 1 (optimizer state sharded) or 2"},
+      {[](auto& o) { o.zero_stage = 4; }, "--zero_stage must be 0 (DDP), 1 (optimizer state sharded), 2 (and gradients) or 3"},
       // The reduction is the Trainer's (from zero_stage): a library user who sets it is told, not overruled.
       {[](auto& o) { o.ddp.reduction = mpiddp::zero_reduction(2); }, "--ddp.reduction is the Trainer's to choose: set --zero_stage"},
       {[](auto& o) { o.ddp.mean_tail_values = 2; }, "--ddp.mean_tail_values is the Trainer's (its step agreement)"},

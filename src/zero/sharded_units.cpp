@@ -1,0 +1,177 @@
+#include "zero/sharded_units.hpp"
+
+#include <mpiddp/error.hpp>
+
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+
+namespace mpiddp::detail {
+
+namespace {
+
+void free_bytes(const torch::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
+
+void allocate_bytes(const torch::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+}  // namespace
+
+struct ShardedUnits::Pass {
+  ShardedUnits* units = nullptr;
+  ~Pass() {
+    if (!units) return;
+    try {
+      units->release_all();
+    } catch (...) {  // a destructor must not throw: a failed all-gather shows again at the next collective
+    }
+  }
+};
+
+ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& options)
+    : pg_(ddp.process_group()), options_(options), buckets_(ddp.buckets().size()),
+      self_(std::make_shared<ShardedUnits*>(this)) {
+  torch::NoGradGuard no_grad;
+  const auto& params = ddp.parameters();
+  const int ranks = pg_.size();
+  for (size_t b = 0; b < ddp.buckets().size(); ++b) {
+    const auto& layout = ddp.buckets()[b];
+    if (layout.unit < 0) continue;
+    const auto u = static_cast<size_t>(layout.unit);
+    if (buckets_of_unit_.size() <= u) buckets_of_unit_.resize(u + 1);
+    buckets_of_unit_[u].push_back(b);
+    auto& bucket = buckets_[b];
+    bucket.full = torch::zeros({layout.padded}, params[layout.params.front()].options());
+    for (size_t s = 0; s < layout.params.size(); ++s) {
+      const auto& p = params[layout.params[s]];
+      bucket.full.narrow(0, layout.offsets[s], p.numel()).copy_(p.detach().reshape(-1));
+    }
+    const int64_t slice = layout.padded / ranks;
+    bucket.shard = bucket.full.narrow(0, pg_.rank() * slice, slice).clone();
+    bucket.offsets = layout.offsets;
+    for (size_t s = 0; s < layout.params.size(); ++s) {  // each parameter now a view of the bucket
+      auto p = params[layout.params[s]];
+      p.set_data(bucket.full.narrow(0, layout.offsets[s], p.numel()).view(p.sizes()));
+      bucket.params.push_back(p);
+    }
+    free_bytes(bucket.full);
+  }
+}
+
+ShardedUnits::~ShardedUnits() {
+  if (auto pass = pass_.lock()) pass->units = nullptr;
+  bool gather = std::uncaught_exceptions() == 0;
+  try {
+    release_all();
+  } catch (...) {
+    gather = false;
+  }
+  try {
+    make_whole(gather);
+  } catch (...) {
+    make_whole(false);
+  }
+}
+
+void ShardedUnits::make_whole(bool gather) {
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    if (!bucket.shard.defined()) continue;
+    auto whole = torch::empty({bucket.shard.numel() * pg_.size()}, bucket.shard.options());
+    if (gather) {
+      pg_.allgather(bucket.shard, whole);
+    } else {
+      whole.fill_(std::numeric_limits<double>::quiet_NaN());
+    }
+    for (size_t s = 0; s < bucket.params.size(); ++s) {
+      auto& p = bucket.params[s];
+      p.set_data(whole.narrow(0, bucket.offsets[s], p.numel()).view(p.sizes()));
+    }
+    bucket.shard = torch::Tensor();
+  }
+}
+
+void ShardedUnits::start(size_t unit) {
+  for (size_t b : buckets_of_unit_[unit]) {
+    auto& bucket = buckets_[b];
+    if (bucket.live) continue;
+    allocate_bytes(bucket.full);
+    bucket.live = true;
+    bucket.gathering = pg_.allgather_async(bucket.shard, bucket.full);
+  }
+}
+
+void ShardedUnits::gather(size_t unit) {
+  start(unit);
+  for (size_t b : buckets_of_unit_[unit]) {
+    auto& work = buckets_[b].gathering;
+    if (!work) continue;
+    work->wait();
+    work.reset();
+  }
+}
+
+void ShardedUnits::release(size_t unit) {
+  for (size_t b : buckets_of_unit_[unit]) {
+    auto& bucket = buckets_[b];
+    if (!bucket.live) continue;
+    if (bucket.gathering) {
+      bucket.gathering->wait();
+      bucket.gathering.reset();
+    }
+    free_bytes(bucket.full);
+    bucket.live = false;
+  }
+}
+
+void ShardedUnits::release_all() {
+  for (size_t u = 0; u < buckets_of_unit_.size(); ++u) release(u);
+}
+
+size_t ShardedUnits::gathered_units() const {
+  return static_cast<size_t>(std::count_if(buckets_of_unit_.begin(), buckets_of_unit_.end(), [&](const auto& bs) {
+    return std::any_of(bs.begin(), bs.end(), [&](size_t b) { return buckets_[b].live; });
+  }));
+}
+
+torch::Tensor ShardedUnits::run(size_t unit, const UnitForward& forward, const torch::Tensor& input) {
+  MPIDDP_CHECK(unit < buckets_of_unit_.size() || buckets_of_unit_.empty(),
+               "ZeRO stage 3: the model ran unit " + std::to_string(unit) + " but has " +
+                   std::to_string(buckets_of_unit_.size()) + " units");
+  if (unit >= buckets_of_unit_.size()) return forward(input);  // a unit without trainable parameters
+  gather(unit);
+  if (options_.prefetch && unit + 1 < buckets_of_unit_.size()) start(unit + 1);
+  auto output = forward(input);
+  if (options_.reshard_after_forward) release(unit);
+  if (torch::GradMode::is_enabled() && output.requires_grad()) {
+    std::weak_ptr<ShardedUnits*> self = self_;
+    output.register_hook([self, unit](const torch::Tensor& grad) {
+      if (auto units = self.lock()) (*units)->before_backward(unit);
+      return grad;
+    });
+  }
+  return output;
+}
+
+void ShardedUnits::before_backward(size_t unit) {
+  if (pass_.expired()) {  // the first unit of a backward pass: everything is freed when it ends
+    auto pass = std::make_shared<Pass>();
+    pass->units = this;
+    pass_ = pass;
+    torch::autograd::Engine::get_default_engine().queue_callback([pass] {
+      if (pass->units) pass->units->release_all();
+    });
+  }
+  // Backward runs the units in reverse: those after `unit` are done (their gradients are in).
+  for (size_t later = unit + 1; later < buckets_of_unit_.size(); ++later) release(later);
+  gather(unit);
+  if (options_.prefetch && unit > 0) start(unit - 1);
+}
+
+}  // namespace mpiddp::detail

@@ -1,0 +1,72 @@
+// ZeRO stage 3's parameters (zero.hpp): each bucket of a unit (BucketLayout::unit >= 0) keeps this
+// rank's 1/N slice of its parameters, and the parameters themselves are views of one flat buffer
+// per bucket whose memory exists only while their unit is gathered (FSDP's flat parameter):
+//   forward   run(u): unit u gathered (or its prefetch awaited), unit u + 1's all-gather started,
+//             u's forward, u freed (reshard_after_forward), a hook on u's output for backward;
+//   backward  that hook, before u's backward (and before a checkpointed unit's recompute): the
+//             units after u freed (their gradients are in), u gathered, u - 1's all-gather started;
+//             at the end of the pass every unit freed.
+// A freed buffer keeps its tensors' shapes and autograd's saved references; only its storage's
+// bytes go (resized to 0 and allocated again before the next gather writes them).
+//
+// Cross-rank contract: every rank runs the same units in the same order (forward and backward), so
+// the all-gathers match; each all-gather is started and awaited in unit order.
+#pragma once
+
+#include <mpiddp/ddp.hpp>
+#include <mpiddp/units.hpp>
+#include <mpiddp/zero.hpp>
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+namespace mpiddp::detail {
+
+class ShardedUnits final : public UnitHooks {
+ public:
+  /// Takes the parameters of `ddp`'s unit buckets: this rank's slice of each kept, the rest freed.
+  ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& options);
+  /// Leaves the parameters whole again: all-gathered into memory of their own (collective), or
+  /// NaN when an exception is unwinding (no collective can be trusted then).
+  ~ShardedUnits() override;
+  ShardedUnits(const ShardedUnits&) = delete;
+  ShardedUnits& operator=(const ShardedUnits&) = delete;
+
+  /// Whether bucket b's parameters are sharded (it belongs to a unit).
+  bool sharded(size_t bucket) const { return buckets_[bucket].shard.defined(); }
+  /// This rank's slice of bucket b (BucketLayout::padded / N elements), where its step writes.
+  const torch::Tensor& shard(size_t bucket) const { return buckets_[bucket].shard; }
+  /// Frees every gathered unit (waiting for all-gathers in flight): after a step they are stale.
+  void release_all();
+  /// Units gathered now (memory: each a full unit).
+  size_t gathered_units() const;
+
+  torch::Tensor run(size_t unit, const UnitForward& forward, const torch::Tensor& input) override;
+
+ private:
+  struct Bucket {
+    torch::Tensor shard;  ///< this rank's slice, persistent (undefined: not a unit's bucket)
+    torch::Tensor full;   ///< the whole bucket; its storage holds bytes only while gathered
+    WorkHandle gathering; ///< the all-gather in flight into `full`
+    bool live = false;    ///< `full` has memory (gathered, or being gathered)
+    std::vector<torch::Tensor> params;  ///< views of `full`
+    std::vector<int64_t> offsets;       ///< each one's first element in `full`
+  };
+  struct Pass;  ///< one backward pass: frees every unit when it ends (or is dropped, on an error)
+  void start(size_t unit);    ///< allocates the unit's buffers and starts their all-gathers
+  void gather(size_t unit);   ///< start(unit) if needed, and waits for it
+  void release(size_t unit);  ///< waits for an all-gather in flight, frees the buffers
+  void before_backward(size_t unit);
+  void make_whole(bool gather);  ///< the destructor's
+
+  ProcessGroup& pg_;
+  ZeroOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<size_t>> buckets_of_unit_;
+  std::weak_ptr<Pass> pass_;
+  std::shared_ptr<ShardedUnits*> self_;  ///< hooks on autograd's graph hold a weak reference
+};
+
+}  // namespace mpiddp::detail
