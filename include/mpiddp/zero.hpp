@@ -14,6 +14,8 @@
 // optimizer state plus the units gathered at the moment. Parameters outside every unit stay whole
 // (stage 2). The model's forward must run its units through the hooks: model.set_unit_hooks(
 // zero.unit_hooks()) (the Trainer does), and nothing may read a unit's parameters outside it.
+// Every forward is then collective (each unit all-gathered): all ranks run the same forwards (a
+// forward on one rank alone, say in an on_epoch callback, waits for the others until the timeout).
 //
 // Use from a plain loop, as the DDP wrapper (the Trainer does the same for `--zero-stage`):
 //   DdpOptions o;

@@ -341,6 +341,15 @@ std::pair<double, double> Trainer::evaluate() {
     loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
     if (task_->has_labels()) correct += task_->correct(out, y);
   }
+  // At ZeRO stage 3 a forward is collective (each unit all-gathered): a rank with fewer batches than
+  // the largest slice's runs the difference on one sample, and discards it.
+  if (options_.zero_stage == 3 && n > 0) {
+    const int64_t rounds = ((n + w - 1) / w + batch - 1) / batch, mine = (end - begin + batch - 1) / batch;
+    for (int64_t k = mine; k < rounds; ++k) {
+      auto e = test_->read_range(0, 1);
+      forward_loss(e.inputs.to(device), e.targets.to(device));
+    }
+  }
   auto sums = torch::tensor({loss_sum, correct}, torch::kDouble).to(device);
   pg_.allreduce(sums);
   sums = sums.cpu();

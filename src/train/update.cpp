@@ -10,11 +10,11 @@ Update::Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> pa
                ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, Model& model)
     : optimizer_(optimizer), params_(std::move(params)), clip_grad_norm_(options.clip_grad_norm), pg_(pg), model_(model) {
   if (ddp.reduction().zero_stage() > 0) zero_ = std::make_unique<ZeroOptimizer>(ddp, optimizer, options.zero);
-  if (zero_) model_.set_unit_hooks(zero_->unit_hooks());
   if (options.precision == c10::kHalf) {  // dynamic loss scaling, continued from the snapshot
     scaler_.emplace(options.device, options.loss_scaling);
     if (from.loss_scale > 0) scaler_->load(from.loss_scale, from.growth_tracker);
   }
+  if (zero_) model_.set_unit_hooks(zero_->unit_hooks());  // last: nothing after it throws (~Update unsets it)
 }
 
 Update::~Update() { model_.set_unit_hooks(nullptr); }  // before the ZeroOptimizer makes the model whole

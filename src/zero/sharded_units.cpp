@@ -25,8 +25,9 @@ void allocate_bytes(const torch::Tensor& t) {
 
 struct ShardedUnits::Pass {
   ShardedUnits* units = nullptr;
+  bool done = false;  ///< the pass's end ran (else it is dropped unrun: backward threw)
   ~Pass() {
-    if (!units) return;
+    if (!units || done) return;
     try {
       units->release_all();
     } catch (...) {  // a destructor must not throw: a failed all-gather shows again at the next collective
@@ -40,6 +41,8 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
   torch::NoGradGuard no_grad;
   const auto& params = ddp.parameters();
   const int ranks = pg_.size();
+  // First every bucket's copy and slice (what may throw: memory), then the parameters moved onto
+  // the buffers and the bytes freed, which cannot: a failure leaves the parameters as they were.
   for (size_t b = 0; b < ddp.buckets().size(); ++b) {
     const auto& layout = ddp.buckets()[b];
     if (layout.unit < 0) continue;
@@ -51,14 +54,17 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     for (size_t s = 0; s < layout.params.size(); ++s) {
       const auto& p = params[layout.params[s]];
       bucket.full.narrow(0, layout.offsets[s], p.numel()).copy_(p.detach().reshape(-1));
+      bucket.params.push_back(p);
     }
     const int64_t slice = layout.padded / ranks;
     bucket.shard = bucket.full.narrow(0, pg_.rank() * slice, slice).clone();
     bucket.offsets = layout.offsets;
-    for (size_t s = 0; s < layout.params.size(); ++s) {  // each parameter now a view of the bucket
-      auto p = params[layout.params[s]];
-      p.set_data(bucket.full.narrow(0, layout.offsets[s], p.numel()).view(p.sizes()));
-      bucket.params.push_back(p);
+  }
+  for (auto& bucket : buckets_) {
+    if (!bucket.shard.defined()) continue;
+    for (size_t s = 0; s < bucket.params.size(); ++s) {  // each parameter now a view of the bucket
+      auto& p = bucket.params[s];
+      p.set_data(bucket.full.narrow(0, bucket.offsets[s], p.numel()).view(p.sizes()));
     }
     free_bytes(bucket.full);
   }
@@ -75,7 +81,10 @@ ShardedUnits::~ShardedUnits() {
   try {
     make_whole(gather);
   } catch (...) {
-    make_whole(false);
+    try {
+      make_whole(false);
+    } catch (...) {  // out of memory even for NaN: the parameters stay without bytes
+    }
   }
 }
 
@@ -141,14 +150,13 @@ size_t ShardedUnits::gathered_units() const {
 }
 
 torch::Tensor ShardedUnits::run(size_t unit, const UnitForward& forward, const torch::Tensor& input) {
-  MPIDDP_CHECK(unit < buckets_of_unit_.size() || buckets_of_unit_.empty(),
-               "ZeRO stage 3: the model ran unit " + std::to_string(unit) + " but has " +
-                   std::to_string(buckets_of_unit_.size()) + " units");
   if (unit >= buckets_of_unit_.size()) return forward(input);  // a unit without trainable parameters
   gather(unit);
   if (options_.prefetch && unit + 1 < buckets_of_unit_.size()) start(unit + 1);
   auto output = forward(input);
-  if (options_.reshard_after_forward) release(unit);
+  // The last unit's backward comes next: it stays gathered for it (one all-gather less per step).
+  const bool backward_next = unit + 1 == buckets_of_unit_.size() && torch::GradMode::is_enabled();
+  if (options_.reshard_after_forward && !backward_next) release(unit);
   if (torch::GradMode::is_enabled() && output.requires_grad()) {
     std::weak_ptr<ShardedUnits*> self = self_;
     output.register_hook([self, unit](const torch::Tensor& grad) {
@@ -160,11 +168,13 @@ torch::Tensor ShardedUnits::run(size_t unit, const UnitForward& forward, const t
 }
 
 void ShardedUnits::before_backward(size_t unit) {
-  if (pass_.expired()) {  // the first unit of a backward pass: everything is freed when it ends
+  auto current = pass_.lock();
+  if (!current || current->done) {  // the first unit of a backward pass: everything is freed when it ends
     auto pass = std::make_shared<Pass>();
     pass->units = this;
     pass_ = pass;
     torch::autograd::Engine::get_default_engine().queue_callback([pass] {
+      pass->done = true;
       if (pass->units) pass->units->release_all();
     });
   }

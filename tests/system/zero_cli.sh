@@ -109,6 +109,18 @@ run_np 1 "$mpiddp" train --model mlp --data "$tmp/syn.h5" --batch-size 12 --max-
   --zero-stage 3 --snapshot-dir "$tmp/moved" --resume auto
 check "... and again at stage 3 on 1 rank" [ "$rc" -eq 0 ]
 
+# Stage 3's forwards are collective: a test set whose slices take 1, 1 and 2 batches at 3 ranks
+# (7 samples, batch 2) is scored by every rank without a hang, as at stage 0.
+"$mpiddp" data synthetic --samples 7 --features 20 --seed 2 --out "$tmp/test7.h5" >/dev/null
+for stage in 0 3; do
+  run_np 3 "$mpiddp" train --model mlp --data "$tmp/syn.h5" --test-data "$tmp/test7.h5" --batch-size 2 --max-steps 2 \
+    --threads 1 --zero-stage $stage --snapshot-dir "$tmp/eval$stage"
+  check "stage $stage np3: evaluates a test set of uneven batches" [ "$rc" -eq 0 ]
+  declare "eval_$stage=$(grep -o 'test loss [0-9.]*' <<<"$out" | tail -1 | cut -d' ' -f3)"
+done
+check "... the same test loss at stage 3 as at stage 0 ($eval_3 vs $eval_0)" \
+  awk -v a="$eval_3" -v b="$eval_0" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d < 2e-4 && d > -2e-4) }'
+
 # ---- bad input ---------------------------------------------------------------------------------
 for n in 1 3; do
   run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --zero-stage 4
