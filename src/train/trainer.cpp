@@ -222,9 +222,9 @@ MemoryPlan Trainer::plan_memory() {
       for (const auto& p : unit) units.back() += p.requires_grad() ? bytes_of(p) : 0;
     }
     std::sort(units.rbegin(), units.rend());
+    const size_t gathered = !o.zero.reshard_after_forward ? units.size() : o.zero.prefetch ? 2 : 1;
     for (size_t k = 0; k < units.size(); ++k) {
       in.unit_bytes += units[k];
-      const size_t gathered = !o.zero.reshard_after_forward ? units.size() : o.zero.prefetch ? 2 : 1;
       if (k < gathered) in.gathered_unit_bytes += units[k];
     }
   }
