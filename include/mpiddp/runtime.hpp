@@ -42,6 +42,13 @@ Topology derive_topology(MPI_Comm comm, std::optional<int> node_key = std::nullo
 /// The device a rank uses: cuda:(local_rank % visible_gpus) when GPUs are visible, else cpu.
 c10::Device choose_device(int local_rank, int visible_gpus);
 
+/// Deterministic kernels for this process, so that a CUDA run repeats bitwise and a resumed run ends
+/// where the whole run ends: cuDNN's deterministic algorithms without benchmarking, PyTorch's
+/// deterministic mode (an op that has no deterministic kernel warns once instead of failing) and
+/// cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set). CPU kernels are
+/// deterministic already. Call before the first CUDA matrix product.
+void use_deterministic_kernels();
+
 /// The world size a launcher announced in the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
 /// SLURM_STEP_NUM_TASKS, SLURM_NTASKS, first found) with the variable's name, or nullopt.
 /// `getenv` is injectable for tests.

@@ -38,7 +38,7 @@ struct TrainConfig {
   double bucket_mb = 0, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
   int threads = 0;
-  bool no_shuffle = false, drop_last = false, dry_run = false, zero_no_prefetch = false, zero_keep_gathered = false;
+  bool no_shuffle = false, drop_last = false, dry_run = false, deterministic = false, zero_no_prefetch = false, zero_keep_gathered = false;
   TrainerOptions t;
 };
 
@@ -138,6 +138,11 @@ std::vector<Row> run_options() {
   return {
       option<C>("device", [](C& c) -> auto& { return c.device; }, "cpu | cuda"),
       option<C>("backend", [](C& c) -> auto& { return c.backend; }, "mpi | nccl | gloo"),
+      flag_switch<C>("deterministic", [](C& c) -> auto& { return c.deterministic; },
+                     "cuda: deterministic kernels (cuDNN's deterministic algorithms, PyTorch's deterministic "
+                     "mode), so that a run repeats bitwise and a resumed run ends where the whole run ends; "
+                     "somewhat slower (CPU kernels are deterministic already)",
+                     "deterministic", [](bool on) { return nlohmann::json(on); }),
       option<C>("threads", [](C& c) -> auto& { return c.threads; },
                 "intra-op threads per rank (0: the cores each rank owns)"),
       option<C>("metrics", [](C& c) -> auto& { return c.t.metrics_path; },
@@ -323,6 +328,7 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
 // the Trainer. Local: no collective.
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, int threads, Runtime& runtime, ProcessGroup& pg) {
   torch::set_num_threads(threads);
+  if (c.deterministic) use_deterministic_kernels();
   torch::manual_seed(c.t.seed);  // the same initial model on every rank (DDP broadcasts rank 0's anyway)
   const auto make = [&c](const DatasetInfo& data) {
     auto model = make_model(c.model, data, c.gpt);

@@ -3,6 +3,8 @@
 #include <mpiddp/runtime.hpp>
 #include <mpiddp/process_group.hpp>
 
+#include <ATen/Context.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,6 +75,14 @@ Topology derive_topology(MPI_Comm comm, std::optional<int> node_key, MPI_Comm* n
   t.node_rank = node_info[0];
   t.node_count = node_info[1];
   return t;
+}
+
+void use_deterministic_kernels() {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  auto& context = at::globalContext();
+  context.setDeterministicCuDNN(true);
+  context.setBenchmarkCuDNN(false);
+  context.setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
 c10::Device choose_device(int local_rank, int visible_gpus) {

@@ -518,13 +518,14 @@ TEST(Zero, RefusesWhatItCannotShard) {
 }
 
 // On the GPU: parameters, gradient buckets, shards and the optimizer's state on CUDA (the fused
-// AdamW's CUDA kernel on each shard), through every group that takes CUDA tensors here.
+// AdamW's CUDA kernel on each shard), through every group that takes CUDA tensors here; at stage 3
+// the units' flat CUDA buffers gathered ahead (async all-gathers on the group's stream).
 TEST(ZeroCuda, MlpAndGptEqualDdpOnCuda) {
   MPIDDP_SKIP_WITHOUT_GPU();
   mpiddp::testing::float32_on_gpu();
   for (const auto& backend : mpiddp::testing::cuda_backends()) {
     for (const auto& [name, model] : {std::pair{"mlp", mlp()}, std::pair{"gpt", gpt()}}) {
-      for (int stage : {1, 2}) {
+      for (int stage : {1, 2, 3}) {
         Spec s;
         s.stage = stage;
         s.backend = backend;
@@ -547,6 +548,29 @@ TEST(ZeroCuda, MlpAndGptEqualDdpOnCuda) {
                     named["lm_head.weight"].is_cuda());
 }
 
+// Stage 3 on CUDA with what a memory-bound user turns on: activation checkpointing (the blocks'
+// forwards recomputed inside backward, each unit gathered again for it), without prefetch and kept
+// gathered; every combination equal to stage 0 on CUDA.
+TEST(ZeroCuda, Stage3WithCheckpointingEqualsDdpOnCuda) {
+  MPIDDP_SKIP_WITHOUT_GPU();
+  mpiddp::testing::float32_on_gpu();
+  for (const auto& backend : mpiddp::testing::cuda_backends()) {
+    for (const auto& [prefetch, reshard] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+      Spec s;
+      s.stage = 3;
+      s.backend = backend;
+      s.device = mpiddp::testing::runtime().device();
+      s.checkpointing = true;
+      s.accum = 2;
+      s.zero.prefetch = prefetch;
+      s.zero.reshard_after_forward = reshard;
+      const double diff = stage_vs_ddp(gpt(), s);
+      MPIDDP_EXPECT_ALL(diff <= 1e-6) << backend << ", prefetch " << prefetch << ", reshard " << reshard << ": "
+                                      << diff;
+    }
+  }
+}
+
 // The CPU-proven reference on the GPU: the GPT trained on CUDA under stage 2 follows its CPU run
 // under stage 0, float32 both. SGD, so that the kernels' rounding differences (~1e-7) stay that size
 // (Adam would divide them by the square root of its second moment).
@@ -557,12 +581,16 @@ TEST(ZeroCuda, GptOnCudaFollowsCpu) {
   cpu.optimizer = "sgd";
   cpu.clip = 1.0;
   cpu.accum = 2;
-  Spec cuda = cpu;
-  cuda.stage = 2;
-  cuda.device = mpiddp::testing::runtime().device();
-  Training on_cpu = start(gpt(), cpu), on_cuda = start(gpt(), cuda);
+  Training on_cpu = start(gpt(), cpu);
   train(on_cpu, gpt(), cpu, 0, 4);
-  train(on_cuda, gpt(), cuda, 0, 4);
-  const double diff = max_abs_diff(on_cuda.model->parameters(), on_cpu.model->parameters());
-  MPIDDP_EXPECT_ALL(diff <= 1e-5) << diff;
+  for (int stage : {2, 3}) {
+    Spec cuda = cpu;
+    cuda.stage = stage;
+    cuda.device = mpiddp::testing::runtime().device();
+    Training on_cuda = start(gpt(), cuda);
+    train(on_cuda, gpt(), cuda, 0, 4);
+    on_cuda.end_zero();  // stage 3: the parameters whole again
+    const double diff = max_abs_diff(on_cuda.model->parameters(), on_cpu.model->parameters());
+    MPIDDP_EXPECT_ALL(diff <= 1e-5) << "stage " << stage << ": " << diff;
+  }
 }

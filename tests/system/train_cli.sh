@@ -28,12 +28,14 @@ done
 
 # Reading every batch from the file (by the reader thread; or, with --prefetch 0, by the training
 # thread, through collective MPI-IO where HDF5 is parallel) trains exactly as the in-memory copy
-# does, and so does the in-memory copy without the reader thread or with a deeper queue.
+# does, and so does the in-memory copy without the reader thread or with a deeper queue, and with
+# --deterministic (the CPU's kernels are deterministic already: nothing changes).
 parallel_hdf5=0
 grep -q "HDF5 *: .*(parallel)" <<<"$("$mpiddp" info)" && parallel_hdf5=1
 for n in 1 2 3 4; do
   run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/mem$n"
-  for variant in "file:--cache-mb 0" "file0:--cache-mb 0 --prefetch 0" "mem0:--prefetch 0" "mem5:--prefetch 5"; do
+  for variant in "file:--cache-mb 0" "file0:--cache-mb 0 --prefetch 0" "mem0:--prefetch 0" "mem5:--prefetch 5" \
+                 "det:--deterministic"; do
     name=${variant%%:*}
     # shellcheck disable=SC2086
     run_np "$n" "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --snapshot-dir "$tmp/$name$n" \
