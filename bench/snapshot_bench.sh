@@ -2,11 +2,11 @@
 # Snapshots as a user gets them, and their I/O against plain MPI-IO.
 #  1. A real run: the built-in GPT of 6 layers x 6 heads x 384 (block 256, vocabulary 256: 10.84 M
 #     parameters), AdamW, micro-batch 4, 2 ranks x 1 thread, default options (the bucket cap by the
-#     reduction's rule), 9 steps with a snapshot every 3, at --zero-stage 0, 1, 2. Per stage: each
+#     reduction's rule), 9 steps with a snapshot every 3, at --zero-stage 0, 1, 2, 3. Per stage: each
 #     rank's peak RSS (GNU time) with and without snapshots, the growth while snapshotting as a share
 #     of the file's size, the saving against stage 0 and its share of the ideal saving
 #     (stage 1: 8 B/param x (N-1)/N, Adam's two moments; stage 2: 12 B/param x (N-1)/N, with the
-#     gradient); the training stall per snapshot: (seconds of the run - seconds of the same run
+#     gradient; stage 3: 16 B/param x (N-1)/N, with the parameters); the training stall per snapshot: (seconds of the run - seconds of the same run
 #     without snapshots) / 3. MPIDDP_BENCH_BEFORE=PATH/mpiddp runs an earlier build the same way,
 #     interleaved, as the contenders "... before".
 #  2. I/O (mpiddp_snapshot_io, snapshot_io.cpp): a 130 MB trainer-like state in 228 tensors written
@@ -47,7 +47,7 @@ run() {  # run ROUND CONTENDER BINARY STAGE SNAPSHOTS(0|1): records its seconds 
 }
 
 for round in $(seq 1 "$rounds"); do
-  for stage in 0 1 2; do
+  for stage in 0 1 2 3; do
     for snaps in 1 0; do
       run "$round" "stage $stage" "$build/mpiddp" $stage $snaps
       [ -n "${MPIDDP_BENCH_BEFORE:-}" ] && run "$round" "stage $stage, before" "$MPIDDP_BENCH_BEFORE" $stage $snaps
@@ -72,7 +72,7 @@ done
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 params, n = int(sys.argv[2]), int(sys.argv[3])
-ideal = {1: 8 * params * (n - 1) / n / 2**20, 2: 12 * params * (n - 1) / n / 2**20}
+ideal = {s: b * params * (n - 1) / n / 2**20 for s, b in ((1, 8), (2, 12), (3, 16))}
 def value(rnd, who, metric):
     return next((r["value"] for r in rows if r["round"] == rnd and r["contender"] == who and r["metric"] == metric), None)
 for r in rows:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The largest GPT that trains at --zero-stage 2 but not at stage 0 under one memory limit: 2 ranks
-# x 1 thread in a memory cgroup (v1 or v2; the job's whole memory, as Slurm's ConstrainRAMSpace
-# limits a job on a node) of LIMIT_GIB, nanoGPT's GPT of LAYERS x 1152 wide (block 64, vocabulary
-# 256), AdamW, 2 steps of micro-batch 1, for each size and stage: whether it trained (else the
-# kernel's OOM killer ended a rank) and the cgroup's peak memory. Needs root (it makes the cgroup).
+# The largest GPT that trains under one memory limit, per ZeRO stage: RANKS x 1 thread in a memory
+# cgroup (v1 or v2; the job's whole memory, as Slurm's ConstrainRAMSpace limits a job on a node) of
+# LIMIT_GIB, nanoGPT's GPT of LAYERS x 1152 wide (block 64, vocabulary 256), AdamW, 2 steps of
+# micro-batch 1, at stage 0, 2, 3 and 3 with activation checkpointing (MPIDDP_FIT_STAGES, words of
+# 0 1 2 3 3ac; MPIDDP_FIT_RANKS, default "2 4"), for each size: whether it trained (else the kernel's
+# OOM killer ended a rank) and the cgroup's peak memory. Needs root (it makes the cgroup).
 # Records (per size: trained 1/0 and the peak) in $OUT_DIR/records.jsonl, tabled by bench/report.py.
 #   usage: bench/zero_fit.sh [BUILD_DIR] [LIMIT_GIB] [LAYERS...]   (logs in $OUT_DIR, default BUILD_DIR/bench-zero-fit)
 set -euo pipefail
@@ -42,20 +43,27 @@ run_limited() {  # run_limited LOG CMD...: prints "<exit status> <peak bytes>"
   return 1
 }
 
-echo "limit ${limit_gib} GiB for the 2-rank job; GPT L x ${width} wide, ${heads} heads, block ${block}, vocabulary ${vocab}" >&2
-for l in "${layers[@]}"; do
-  params=$((l * (12 * width * width + 13 * width) + vocab * width + block * width + 2 * width))
-  size="$l layers ($(awk -v p=$params 'BEGIN { printf "%.0f M", p / 1e6 }') parameters)"
-  for stage in 0 2; do
-    read -r rc peak < <(run_limited "$out/fit-L$l-s$stage.log" mpirun -np 2 "${MPIRUN_FLAGS[@]}" --bind-to core \
-      "$build/mpiddp" train --model gpt --n-layer "$l" --n-head $heads --n-embd $width --block-size $block \
-      --vocab-size $vocab --data "$text" --batch-size 1 --max-steps 2 --optimizer adamw \
-      --lr 6e-4 --weight-decay 0.1 --weight-decay-params matrices --zero-stage $stage --threads 1 --log-every 0)
-    trained=$([ "$rc" -eq 0 ] && echo 1 || echo 0)
-    echo "$size, stage $stage: exit $rc, peak $peak bytes" >&2
-    record "limit ${limit_gib} GiB, 2 ranks" 1 "stage $stage" "$size: trained (1) or out of memory (0)" "$trained" ""
-    record "limit ${limit_gib} GiB, 2 ranks" 1 "stage $stage" "$size: peak memory of the job" \
-      "$(awk -v b="$peak" 'BEGIN { print b / 2^30 }')" GiB
+echo "limit ${limit_gib} GiB for the job; GPT L x ${width} wide, ${heads} heads, block ${block}, vocabulary ${vocab}" >&2
+for ranks in ${MPIDDP_FIT_RANKS:-2 4}; do
+  for l in "${layers[@]}"; do
+    params=$((l * (12 * width * width + 13 * width) + vocab * width + block * width + 2 * width))
+    size="$l layers ($(awk -v p=$params 'BEGIN { printf "%.0f M", p / 1e6 }') parameters)"
+    for stage in ${MPIDDP_FIT_STAGES:-0 2 3 3ac}; do
+      flags=(--zero-stage "${stage%ac}")
+      name="stage ${stage%ac}"
+      [ "$stage" = "${stage%ac}" ] || { flags+=(--activation-checkpointing); name+=" + checkpointing"; }
+      binding=core
+      [ "$ranks" -le "$(nproc)" ] || binding=none  # more ranks than cores: no core of its own
+      read -r rc peak < <(run_limited "$out/fit-n$ranks-L$l-s$stage.log" mpirun -np "$ranks" "${MPIRUN_FLAGS[@]}" \
+        --bind-to $binding "$build/mpiddp" train --model gpt --n-layer "$l" --n-head $heads --n-embd $width \
+        --block-size $block --vocab-size $vocab --data "$text" --batch-size 1 --max-steps 2 --optimizer adamw \
+        --lr 6e-4 --weight-decay 0.1 --weight-decay-params matrices "${flags[@]}" --threads 1 --log-every 0)
+      trained=$([ "$rc" -eq 0 ] && echo 1 || echo 0)
+      echo "$ranks ranks, $size, $name: exit $rc, peak $peak bytes" >&2
+      record "limit ${limit_gib} GiB, $ranks ranks" 1 "$name" "$size: trained (1) or out of memory (0)" "$trained" ""
+      record "limit ${limit_gib} GiB, $ranks ranks" 1 "$name" "$size: peak memory of the job" \
+        "$(awk -v b="$peak" 'BEGIN { print b / 2^30 }')" GiB
+    done
   done
 done
 save_results

@@ -111,7 +111,8 @@ sanitizers() {
   # the files it is batched with in the other stages is caught.
   echo "== build (ASan + UBSan)"
   MPIDDP_BUILD_TARGETS=mpiddp_unit_mpi_tests bash scripts/build.sh build-asan -DMPIDDP_SANITIZE=ON \
-    -DCMAKE_BUILD_TYPE=Debug -DMPIDDP_BUILD_TESTS=ON -DMPIDDP_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG=-g1
+    -DCMAKE_BUILD_TYPE=Debug -DMPIDDP_BUILD_TESTS=ON -DMPIDDP_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
+    -DCMAKE_UNITY_BUILD=ON
   echo "== tests under ASan + UBSan (unit, mpi)"
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L '^(unit|mpi)$'
 }

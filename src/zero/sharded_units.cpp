@@ -41,8 +41,12 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
   torch::NoGradGuard no_grad;
   const auto& params = ddp.parameters();
   const int ranks = pg_.size();
-  // First every bucket's copy and slice (what may throw: memory), then the parameters moved onto
-  // the buffers and the bytes freed, which cannot: a failure leaves the parameters as they were.
+  // First every bucket's slice, copied from the parameters' overlapping parts, and the views the
+  // parameters will become (of a buffer whose bytes are freed at once: one bucket's at a time) --
+  // what may throw (memory); then the parameters moved onto the views, which cannot: a failure
+  // leaves the parameters as they were. No whole copy of the units is ever made: the peak is the
+  // model as it came plus this rank's slices.
+  std::vector<std::vector<torch::Tensor>> views(buckets_.size());
   for (size_t b = 0; b < ddp.buckets().size(); ++b) {
     const auto& layout = ddp.buckets()[b];
     if (layout.unit < 0) continue;
@@ -50,23 +54,26 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     if (buckets_of_unit_.size() <= u) buckets_of_unit_.resize(u + 1);
     buckets_of_unit_[u].push_back(b);
     auto& bucket = buckets_[b];
-    bucket.full = torch::zeros({layout.padded}, params[layout.params.front()].options());
+    const auto options = params[layout.params.front()].options();
+    const int64_t slice = layout.padded / ranks, first = pg_.rank() * slice;
+    bucket.full = torch::empty({layout.padded}, options);
+    bucket.shard = torch::zeros({slice}, options);  // the padding stays 0
     for (size_t s = 0; s < layout.params.size(); ++s) {
       const auto& p = params[layout.params[s]];
-      bucket.full.narrow(0, layout.offsets[s], p.numel()).copy_(p.detach().reshape(-1));
+      views[b].push_back(bucket.full.narrow(0, layout.offsets[s], p.numel()).view(p.sizes()));
       bucket.params.push_back(p);
-    }
-    const int64_t slice = layout.padded / ranks;
-    bucket.shard = bucket.full.narrow(0, pg_.rank() * slice, slice).clone();
-    bucket.offsets = layout.offsets;
-  }
-  for (auto& bucket : buckets_) {
-    if (!bucket.shard.defined()) continue;
-    for (size_t s = 0; s < bucket.params.size(); ++s) {  // each parameter now a view of the bucket
-      auto& p = bucket.params[s];
-      p.set_data(bucket.full.narrow(0, bucket.offsets[s], p.numel()).view(p.sizes()));
+      const int64_t begin = std::max(layout.offsets[s], first);
+      const int64_t end = std::min(layout.offsets[s] + p.numel(), first + slice);
+      if (begin < end) {
+        bucket.shard.narrow(0, begin - first, end - begin)
+            .copy_(p.detach().reshape(-1).narrow(0, begin - layout.offsets[s], end - begin));
+      }
     }
     free_bytes(bucket.full);
+    bucket.offsets = layout.offsets;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (size_t s = 0; s < views[b].size(); ++s) buckets_[b].params[s].set_data(views[b][s]);
   }
 }
 
