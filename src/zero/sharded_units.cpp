@@ -14,14 +14,32 @@ namespace {
 
 void free_bytes(const torch::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
 
-void allocate_bytes(const torch::Tensor& t) {
+size_t bytes_of(const torch::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+}  // namespace
+
+// A gathered bucket's bytes come from the spare buffers of its size where one is free, else from
+// the allocator: the units' buffers are made once (as many as are ever gathered at once) and
+// reused, so gathering never churns the heap.
+void ShardedUnits::give_bytes(const torch::Tensor& t) {
   auto* storage = t.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  const size_t bytes = bytes_of(t);
+  auto& spare = spare_[bytes];
+  if (spare.empty()) {
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  } else {
+    storage->set_data_ptr_noswap(std::move(spare.back()));
+    spare.pop_back();
+  }
   storage->set_nbytes(bytes);
 }
 
-}  // namespace
+// The bytes back among the spare buffers; the storage left without any (its tensors too).
+void ShardedUnits::take_bytes(const torch::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  spare_[bytes_of(t)].push_back(storage->set_data_ptr(c10::DataPtr(nullptr, t.device())));
+  storage->set_nbytes(0);
+}
 
 struct ShardedUnits::Pass {
   ShardedUnits* units = nullptr;
@@ -85,6 +103,7 @@ ShardedUnits::~ShardedUnits() {
   } catch (...) {
     gather = false;
   }
+  spare_.clear();  // before the whole copies are made
   try {
     make_whole(gather);
   } catch (...) {
@@ -117,7 +136,7 @@ void ShardedUnits::start(size_t unit) {
   for (size_t b : buckets_of_unit_[unit]) {
     auto& bucket = buckets_[b];
     if (bucket.live) continue;
-    allocate_bytes(bucket.full);
+    give_bytes(bucket.full);
     bucket.live = true;
     bucket.gathering = pg_.allgather_async(bucket.shard, bucket.full);
   }
@@ -141,7 +160,7 @@ void ShardedUnits::release(size_t unit) {
       bucket.gathering->wait();
       bucket.gathering.reset();
     }
-    free_bytes(bucket.full);
+    take_bytes(bucket.full);
     bucket.live = false;
   }
 }
