@@ -122,13 +122,14 @@ if has build; then
   # scripts/build_pip.sh: the wheel's libtorch and NCCL, CUDA and the NCCL backend ON, the test
   # Python this one; the prefix's Open MPI, HDF5, Boost, GoogleTest and protobuf beside it.
   say "build: $build"
+  # The image's libz.so.1 (Debian's static libz.a in the fallback prefix is not position-independent).
+  zlib=$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/ {print $NF; exit}')
   run_check "build: configure and compile against $py's torch (CUDA, NCCL ON)" env MPIDDP_PYTHON="$py" \
     MPIDDP_PREFIX_PATH="$usr" bash scripts/build_pip.sh "$build" -DCUDAToolkit_ROOT=/usr/local/cuda \
     -DMPI_C_COMPILER="$usr/bin/mpicc.openmpi" -DMPI_CXX_COMPILER="$usr/bin/mpicxx.openmpi" \
     -DHDF5_ROOT="$usr" -DHDF5_C_INCLUDE_DIR="$usr/include/hdf5/serial" \
     -DHDF5_hdf5_LIBRARY_RELEASE="$lib/hdf5/serial/libhdf5.so" -DProtobuf_PROTOC_EXECUTABLE="$usr/bin/protoc" \
-    -DZLIB_ROOT="$prefix/fallback/usr" -DZLIB_LIBRARY="$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/ {print $NF; exit}')" \
-    -DCMAKE_UNITY_BUILD=ON -DMPIDDP_BUILD_TESTS=ON -DMPIDDP_GPU_TESTS=ON
+    -DZLIB_ROOT="$prefix/fallback/usr" ${zlib:+-DZLIB_LIBRARY="$zlib"} -DCMAKE_UNITY_BUILD=ON -DMPIDDP_BUILD_TESTS=ON -DMPIDDP_GPU_TESTS=ON
   # (unity: a third less build time, as in scripts/test.sh)
 fi
 mpiddp=$build/mpiddp

@@ -18,27 +18,31 @@ size_t bytes_of(const torch::Tensor& t) { return static_cast<size_t>(t.numel()) 
 
 }  // namespace
 
-// A gathered bucket's bytes come from the spare buffers of its size where one is free, else from
-// the allocator: the units' buffers are made once (as many as are ever gathered at once) and
-// reused, so gathering never churns the heap.
+// On the CPU a gathered bucket's bytes come from a spare buffer of its size where one is kept,
+// else from the allocator; at most as many buffers are kept as the two largest units have buckets
+// (what is gathered at once), so gathering a model of equal blocks never churns the heap and
+// units of other sizes cost no more than they did. On a GPU the caching allocator does this.
 void ShardedUnits::give_bytes(const torch::Tensor& t) {
   auto* storage = t.storage().unsafeGetStorageImpl();
   const size_t bytes = bytes_of(t);
-  auto& spare = spare_[bytes];
-  if (spare.empty()) {
-    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  const auto spare = spare_.find(bytes);
+  if (spare != spare_.end() && !spare->second.empty()) {
+    storage->set_data_ptr_noswap(std::move(spare->second.back()));
+    spare->second.pop_back();
+    --spares_;
   } else {
-    storage->set_data_ptr_noswap(std::move(spare.back()));
-    spare.pop_back();
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   }
   storage->set_nbytes(bytes);
 }
 
-// The bytes back among the spare buffers; the storage left without any (its tensors too).
+// The bytes back among the spare buffers (or freed); the storage left without any (its tensors too).
 void ShardedUnits::take_bytes(const torch::Tensor& t) {
+  if (!t.device().is_cpu() || spares_ >= max_spares_) return free_bytes(t);
   auto* storage = t.storage().unsafeGetStorageImpl();
   spare_[bytes_of(t)].push_back(storage->set_data_ptr(c10::DataPtr(nullptr, t.device())));
   storage->set_nbytes(0);
+  ++spares_;
 }
 
 struct ShardedUnits::Pass {
@@ -93,6 +97,7 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
   for (size_t b = 0; b < buckets_.size(); ++b) {
     for (size_t s = 0; s < views[b].size(); ++s) buckets_[b].params[s].set_data(views[b][s]);
   }
+  for (const auto& buckets : buckets_of_unit_) max_spares_ = std::max(max_spares_, 2 * buckets.size());
 }
 
 ShardedUnits::~ShardedUnits() {
@@ -104,6 +109,7 @@ ShardedUnits::~ShardedUnits() {
     gather = false;
   }
   spare_.clear();  // before the whole copies are made
+  spares_ = 0;
   try {
     make_whole(gather);
   } catch (...) {

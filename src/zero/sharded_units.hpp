@@ -61,14 +61,16 @@ class ShardedUnits final : public UnitHooks {
   void release(size_t unit);  ///< waits for an all-gather in flight, frees the buffers
   void before_backward(size_t unit);
   void make_whole(bool gather);  ///< the destructor's
-  void give_bytes(const torch::Tensor& t);  ///< a spare buffer of t's size (or a new one) as t's storage
+  void give_bytes(const torch::Tensor& t);  ///< a spare buffer of t's size (or a new one) as t's storage's bytes
   void take_bytes(const torch::Tensor& t);  ///< t's storage's bytes back to the spares
 
   ProcessGroup& pg_;
   ZeroOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> buckets_of_unit_;
-  std::unordered_map<size_t, std::vector<c10::DataPtr>> spare_;  ///< freed buffers by size, for reuse
+  std::unordered_map<size_t, std::vector<c10::DataPtr>> spare_;  ///< CPU: freed buffers by size, for reuse
+  size_t spares_ = 0;      ///< buffers in spare_
+  size_t max_spares_ = 0;  ///< twice the most buckets a unit has: about what is gathered at once
   std::weak_ptr<Pass> pass_;
   std::shared_ptr<ShardedUnits*> self_;  ///< hooks on autograd's graph hold a weak reference
 };

@@ -1,12 +1,13 @@
-// ZeRO stages 1 and 2 against stage 0 (DDP), at every rank count: the same parameters after several
+// ZeRO stages 1, 2 and 3 against stage 0 (DDP), at every rank count: the same parameters after several
 // steps (max |diff| <= 1e-6) for the MLP, the CNN and the built-in GPT (tied weights), with
 // SGD+momentum, Adam and AdamW (nanoGPT's decay groups), clipping to the global norm, gradient
 // accumulation and small buckets whose shards cut parameters apart; the shards cover every element
 // once; the gathered optimizer state is DDP's, and a ZeroOptimizer made from it continues the run.
 // Activation checkpointing (the GPT's blocks, with dropout) at every stage, with accumulation and
 // bf16 autocast: equal to the run without it.
-// On a GPU (scripts/gpu.sh): the same equalities with everything on CUDA, and the GPT trained on CUDA
-// under stage 2 following the CPU run of stage 0.
+// On a GPU (scripts/gpu.sh): the same equalities with everything on CUDA (stage 3 also with
+// checkpointing and both gathering options), and the GPT trained on CUDA under stages 2 and 3
+// following the CPU run of stage 0.
 #include <mpiddp/checkpoint.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/ddp.hpp>
@@ -398,7 +399,9 @@ TEST(Zero, Stage3HoldsItsSlicesAndAtMostTwoUnits) {
     MPIDDP_EXPECT_ALL(unit_bytes() == 0) << unit_bytes();
     r.end_zero();  // whole again: every unit's parameters have memory of their own
     for (const auto& unit : units_of(*r.model)) {
-      for (const auto& p : unit) MPIDDP_EXPECT_ALL(p.storage().nbytes() >= p.numel() * p.element_size());
+      for (const auto& p : unit) {
+        MPIDDP_EXPECT_ALL(static_cast<int64_t>(p.storage().nbytes()) >= p.numel() * p.element_size());
+      }
     }
   }
 }
@@ -519,7 +522,8 @@ TEST(Zero, RefusesWhatItCannotShard) {
 
 // On the GPU: parameters, gradient buckets, shards and the optimizer's state on CUDA (the fused
 // AdamW's CUDA kernel on each shard), through every group that takes CUDA tensors here; at stage 3
-// the units' flat CUDA buffers gathered ahead (async all-gathers on the group's stream).
+// the units' flat CUDA buffers gathered ahead by asynchronous all-gathers (at 1 rank through nccl,
+// at 2 ranks sharing the GPU through the mpi group).
 TEST(ZeroCuda, MlpAndGptEqualDdpOnCuda) {
   MPIDDP_SKIP_WITHOUT_GPU();
   mpiddp::testing::float32_on_gpu();
