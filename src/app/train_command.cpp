@@ -38,7 +38,8 @@ struct TrainConfig {
   double bucket_mb = 0, first_bucket_mb = 1, cache_mb = 512;
   int64_t step_size = 1, warmup_steps = 0;
   int threads = 0;
-  bool no_shuffle = false, drop_last = false, dry_run = false, deterministic = false, zero_no_prefetch = false, zero_keep_gathered = false;
+  bool no_shuffle = false, drop_last = false, dry_run = false, deterministic = false;
+  bool zero_no_prefetch = false, zero_keep_gathered = false;
   TrainerOptions t;
 };
 
