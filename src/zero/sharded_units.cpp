@@ -1,5 +1,7 @@
 #include "zero/sharded_units.hpp"
 
+#include "zero/slice.hpp"
+
 #include <mpiddp/error.hpp>
 
 #include <torch/csrc/autograd/engine.h>
@@ -77,20 +79,17 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     buckets_of_unit_[u].push_back(b);
     auto& bucket = buckets_[b];
     const auto options = params[layout.params.front()].options();
-    const int64_t slice = layout.padded / ranks, first = pg_.rank() * slice;
     bucket.full = torch::empty({layout.padded}, options);
-    bucket.shard = torch::zeros({slice}, options);  // the padding stays 0
+    bucket.shard = torch::zeros({layout.padded / ranks}, options);  // the padding stays 0
     for (size_t s = 0; s < layout.params.size(); ++s) {
       const auto& p = params[layout.params[s]];
       views[b].push_back(bucket.full.narrow(0, layout.offsets[s], p.numel()).view(p.sizes()));
       bucket.params.push_back(p);
-      const int64_t begin = std::max(layout.offsets[s], first);
-      const int64_t end = std::min(layout.offsets[s] + p.numel(), first + slice);
-      if (begin < end) {
-        bucket.shard.narrow(0, begin - first, end - begin)
-            .copy_(p.detach().reshape(-1).narrow(0, begin - layout.offsets[s], end - begin));
-      }
     }
+    const int64_t first = slice_begin(layout, pg_.rank(), ranks);
+    for_each_in_slice(layout, params, pg_.rank(), ranks, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t n) {
+      bucket.shard.narrow(0, in_bucket - first, n).copy_(params[i].detach().reshape(-1).narrow(0, in_param, n));
+    });
     free_bytes(bucket.full);
     bucket.offsets = layout.offsets;
   }

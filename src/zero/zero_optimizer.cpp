@@ -9,6 +9,7 @@
 #include <map>
 
 #include "zero/sharded_units.hpp"
+#include "zero/slice.hpp"
 
 namespace mpiddp {
 
@@ -104,7 +105,7 @@ torch::Tensor ZeroOptimizer::owned_values(size_t i) const {
 }
 
 int64_t ZeroOptimizer::slice_begin(size_t bucket) const {
-  return pg_.rank() * (ddp_.buckets()[bucket].padded / pg_.size());
+  return detail::slice_begin(ddp_.buckets()[bucket], pg_.rank(), pg_.size());
 }
 
 int64_t ZeroOptimizer::owned_numel() const {
@@ -176,14 +177,7 @@ void ZeroOptimizer::step() {
 
 void ZeroOptimizer::for_each_in_slice(size_t bucket,
                                       const std::function<void(size_t, int64_t, int64_t, int64_t)>& visit) const {
-  const auto& layout = ddp_.buckets()[bucket];
-  const int64_t lo = slice_begin(bucket), hi = lo + layout.padded / pg_.size();
-  for (size_t s = 0; s < layout.params.size(); ++s) {
-    const size_t i = layout.params[s];
-    const int64_t begin = std::max(lo, layout.offsets[s]);
-    const int64_t end = std::min(hi, layout.offsets[s] + ddp_.parameters()[i].numel());
-    if (begin < end) visit(i, begin - layout.offsets[s], begin, end - begin);
-  }
+  detail::for_each_in_slice(ddp_.buckets()[bucket], ddp_.parameters(), pg_.rank(), pg_.size(), visit);
 }
 
 torch::Tensor ZeroOptimizer::known_state() const {
