@@ -18,24 +18,24 @@ ranks=${3:-2}
 bash scripts/deps.sh time >&2
 bash scripts/build.sh "$build" >&2
 text=$(workload_text)
-layers=6 heads=6 width=384 vocab=256
+layers=6 heads=6 width=384 block=256 vocab=256 batch=4
 buckets=()
 [ -n "${MPIDDP_ZERO_BUCKET_MB:-}" ] && buckets=(--bucket-cap-mb "$MPIDDP_ZERO_BUCKET_MB")
-# contender|block|micro-batch|flags
-contenders=("stage 0|256|4|--zero-stage 0" "stage 1|256|4|--zero-stage 1" "stage 2|256|4|--zero-stage 2"
-            "stage 3|256|4|--zero-stage 3" "stage 3, no prefetch|256|4|--zero-stage 3 --zero-no-prefetch"
-            "stage 3 + checkpointing|256|4|--zero-stage 3 --activation-checkpointing")
+# contender|flags
+contenders=("stage 0|--zero-stage 0" "stage 1|--zero-stage 1" "stage 2|--zero-stage 2" "stage 3|--zero-stage 3"
+            "stage 3, no prefetch|--zero-stage 3 --zero-no-prefetch"
+            "stage 3 + checkpointing|--zero-stage 3 --activation-checkpointing")
 : >"$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for c in "${contenders[@]}"; do
-    IFS='|' read -r who block batch flags <<<"$c"
+    IFS='|' read -r who flags <<<"$c"
     for steps in 3 9; do
       rss=$(mktemp)
       t0=$(date +%s.%N)
       # shellcheck disable=SC2086  # flags: several words
       mpirun -np "$ranks" "${MPIRUN_FLAGS[@]}" --bind-to core /usr/bin/time -a -o "$rss" -f %M "$build/mpiddp" train \
-        --model gpt --n-layer $layers --n-head $heads --n-embd $width --block-size "$block" --vocab-size $vocab \
-        --data "$text" --batch-size "$batch" --max-steps $steps --epochs 1000 \
+        --model gpt --n-layer $layers --n-head $heads --n-embd $width --block-size $block --vocab-size $vocab \
+        --data "$text" --batch-size $batch --max-steps $steps --epochs 1000 \
         --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight-decay 0.1 --weight-decay-params matrices \
         --clip-grad-norm 1.0 $flags "${buckets[@]}" --threads 1 \
         --log-every 0 >/dev/null
@@ -49,7 +49,7 @@ print(json.dumps({"round": int(sys.argv[1]), "contender": sys.argv[2], "steps": 
     done
   done
 done
-/usr/bin/python3 - "$out/results.jsonl" $layers $width 256 $vocab "$ranks" <<'PY' | record_tsv
+/usr/bin/python3 - "$out/results.jsonl" $layers $width $block $vocab "$ranks" <<'PY' | record_tsv
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 L, C, T, V, N = (int(a) for a in sys.argv[2:7])
