@@ -96,7 +96,9 @@ pip_wheel() {
   local py
   py=$(sed -n 's/^MPIDDP_TEST_PYTHON:FILEPATH=//p' build-pip/CMakeCache.txt)
   "$py" -c 'import torch, torch.distributed as d
-assert torch.version.cuda and d.is_nccl_available(), f"the pip stack needs a CUDA torch with NCCL, not {torch.__version__}"'
+assert torch.version.cuda and d.is_nccl_available(), f"the pip stack needs a CUDA torch with NCCL, not {torch.__version__}"
+import importlib.util as u  # system.hf_export is registered only where these import (scripts/venv.sh installs them)
+assert u.find_spec("transformers") and u.find_spec("safetensors"), "the pip stack needs transformers and safetensors"'
   # What the wheel decides: the unit and MPI tests, and the system tests labelled torch, where
   # libtorch's version, its CUDA/NCCL or the Python side's torch matter (tests/CMakeLists.txt says
   # which). Open MPI, HDF5 and the module systems are Debian 12's here as in the first stage: what

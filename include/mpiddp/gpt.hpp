@@ -4,7 +4,8 @@
 //   .attn.c_proj, .ln_2, .mlp.c_fc (C -> 4C), .mlp.c_proj, transformer.ln_f, lm_head (no bias).
 // lm_head's weight IS transformer.wte's (one tensor registered under both names): it is one
 // parameter to DDP and the optimizer, and its gradient is the sum of both uses.
-// LayerNorm eps 1e-5 (bias optional, as nanoGPT's own LayerNorm), exact GELU, causal attention
+// LayerNorm eps 1e-5 (bias optional, as nanoGPT's own LayerNorm), exact GELU (or GPT-2's tanh
+// approximation, GptConfig::activation "gelu_new", for OpenAI's checkpoints), causal attention
 // scaled by 1/sqrt(head size) (PyTorch's scaled_dot_product_attention where the linked libtorch has
 // it, the explicit form otherwise), dropout on embeddings, attention and residuals.
 // Initialisation: normal(0, 0.02) for every Linear and Embedding weight, zero biases, and every
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <mpiddp/checkpoint.hpp>
+#include <mpiddp/flops.hpp>
 #include <mpiddp/units.hpp>
 
 #include <torch/torch.h>
@@ -30,16 +32,20 @@ struct GptConfig {
   int64_t n_embd = 768;
   double dropout = 0.0;
   bool bias = true;  ///< biases in the Linears and LayerNorms
+  /// The MLP's GELU: "gelu" (exact, erf: nanoGPT's) or "gelu_new" (the tanh approximation OpenAI's
+  /// GPT-2 was trained with: Hugging Face's NewGELU, torch's gelu(x, "tanh")).
+  std::string activation = "gelu";
 
   /// Throws mpiddp::Error (one line) for a shape that cannot be built (n_embd % n_head != 0, ...).
   void validate() const;
-  /// As JSON text (snapshots keep it, so `mpiddp generate` needs no shape flags) and back.
+  /// As JSON text (snapshots keep it, so `mpiddp generate` needs no shape flags) and back; a text
+  /// without "activation" (snapshots older than the field) is "gelu".
   std::string to_json() const;
   static GptConfig from_json(const std::string& text);
 };
 
 /// ZeRO stage 3's units (units.hpp): each transformer block.
-class GptImpl : public torch::nn::Module, public Checkpointable, public UnitModule {
+class GptImpl : public torch::nn::Module, public Checkpointable, public UnitModule, public FlopCounted {
  public:
   /// Builds and initialises the model (draws from the global CPU generator: seed it first).
   explicit GptImpl(const GptConfig& config);
@@ -56,12 +62,16 @@ class GptImpl : public torch::nn::Module, public Checkpointable, public UnitModu
   void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
   bool activation_checkpointing() const override { return checkpointing_; }
   std::vector<std::shared_ptr<torch::nn::Module>> units() const override;
+  /// nanoGPT's estimate_mfu: (6 N + 12 L C T) T for a sample of T tokens, N the parameters
+  /// without the position embedding (the tied wte/lm_head weight once), L n_layer, C n_embd.
+  double training_flops_per_sample(int64_t sample_tokens) const override;
 
  private:
   struct Parts;
   GptConfig config_;
   std::shared_ptr<Parts> parts_;
   bool checkpointing_ = false;
+  int64_t non_embedding_params_ = 0;  ///< N above, counted when built
 };
 TORCH_MODULE(Gpt);
 

@@ -47,6 +47,10 @@ class Model {
   /// module that implements mpiddp::Checkpointable can (the built-in GPT); anything else throws
   /// mpiddp::Error (one line): it cannot be split into blocks.
   virtual void set_activation_checkpointing(bool on);
+  /// Model FLOPs of one sample's forward and backward (flops.hpp), a sample being `sample_tokens`
+  /// tokens (token data's block size; 0 otherwise); 0: unknown. A C++ module that implements
+  /// mpiddp::FlopCounted knows its own (the built-in GPT); anything else: 0.
+  virtual double training_flops_per_sample(int64_t /*sample_tokens*/) const { return 0; }
   /// ZeRO stage 3's units (units.hpp): each unit's parameters, in the order forward runs the units;
   /// empty for a model without units (a TorchScript module, a C++ module that is no UnitModule).
   virtual std::vector<std::vector<torch::Tensor>> units() const { return {}; }

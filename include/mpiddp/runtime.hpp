@@ -42,6 +42,10 @@ Topology derive_topology(MPI_Comm comm, std::optional<int> node_key = std::nullo
 /// The device a rank uses: cuda:(local_rank % visible_gpus) when GPUs are visible, else cpu.
 c10::Device choose_device(int local_rank, int visible_gpus);
 
+/// Threads per rank that never oversubscribe: this node's cores shared among its `local_size` ranks
+/// (at least 1). `mpiddp train`'s default --threads and `mpiddp launch`'s OMP_NUM_THREADS.
+int fair_share_of_cores(int local_size);
+
 /// Deterministic kernels for this process, so that a CUDA run repeats bitwise and a resumed run ends
 /// where the whole run ends: cuDNN's deterministic algorithms without benchmarking, PyTorch's
 /// deterministic mode (an op that has no deterministic kernel warns once instead of failing) and

@@ -39,6 +39,7 @@ struct RunLogs;
 class BatchSource;
 class StepAgreement;
 class Task;
+struct Throughput;
 class Update;
 }  // namespace detail
 
@@ -131,8 +132,9 @@ struct TrainerOptions {
   std::string metrics_path;
   /// TensorBoard event files here (rank 0; see tensorboard.hpp), "" : none. Scalars train/loss,
   /// train/samples_per_s, train/lr at each progress line; epoch/train_loss, epoch/test_loss,
-  /// epoch/test_accuracy, epoch/samples_per_s, epoch/seconds, epoch/lr after each epoch; the
-  /// run's options (run_config) as text. x axis: the global step. Opened by the constructor.
+  /// epoch/test_accuracy, epoch/samples_per_s, epoch/seconds, epoch/lr after each epoch; where
+  /// known, tokens_per_s, flops_per_s and mfu under both; the run's options (run_config) as text.
+  /// x axis: the global step. Opened by the constructor.
   std::string tensorboard_dir;
   // Snapshots (see snapshot.hpp): written by rank 0, read by rank 0 and broadcast.
   std::string snapshot_dir;   ///< "" : no snapshots
@@ -158,6 +160,9 @@ struct TrainerOptions {
   /// is computed in float32; parameters, gradients and optimizer state stay float32. See precision.hpp.
   c10::ScalarType precision = c10::kFloat;
   GradScalerOptions loss_scaling;  ///< kHalf only
+  /// Model FLOPs of one sample's forward and backward (flops.hpp), for the records' FLOP/s and
+  /// MFU; 0: the model's own figure (Model::training_flops_per_sample: the built-in GPT's), if any.
+  double flops_per_sample = 0;
   bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
   std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
   /// Buckets, compression, timeline. Its reduction and mean tail are the Trainer's (zero_stage).
@@ -178,6 +183,8 @@ struct EpochMetrics {
   double train_loss = 0, test_loss = -1, test_accuracy = -1;  ///< -1: no test data / regression
   double samples_per_s = 0, seconds = 0, lr = 0;
   double tokens_per_s = 0;       ///< token data: samples_per_s x block_size (0 otherwise)
+  double flops_per_s = 0;        ///< model FLOPs trained per second, all ranks (0: FLOPs per sample unknown)
+  double mfu = 0;                ///< flops_per_s over the job's dense peak (flops.hpp; 0: peak unknown)
   double first_step_unix_s = 0;  ///< wall clock (Unix seconds) when this run's first step ended; first epoch only
   int64_t skipped_steps = 0;     ///< steps whose update was skipped for a NaN/Inf loss
   int64_t overflow_steps = 0;    ///< fp16: steps whose update loss scaling skipped (Inf/NaN gradients)
@@ -285,6 +292,7 @@ class Trainer {
   std::vector<double> base_lrs_;  ///< each parameter group's learning rate when the Trainer was made
   int64_t steps_per_epoch_ = 0;
   std::unique_ptr<detail::RunLogs> logs_;  ///< rank 0's metrics file and TensorBoard writer
+  std::unique_ptr<detail::Throughput> throughput_;  ///< what samples/s makes tokens/s, FLOP/s and MFU with
 };
 
 /// The training or test set that `source` names, as the Trainer opens it (options.data_format,

@@ -69,5 +69,6 @@ int run_data(Runtime& runtime, const std::vector<std::string>& args);
 int run_train(Runtime& runtime, const std::vector<std::string>& args);
 int run_export(Runtime& runtime, const std::vector<std::string>& args);
 int run_generate(Runtime& runtime, const std::vector<std::string>& args);
+int run_launch(Runtime& runtime, const std::vector<std::string>& args);
 
 }  // namespace mpiddp::app

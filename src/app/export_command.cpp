@@ -1,5 +1,6 @@
 // `mpiddp export`: a snapshot's trained model in a form Python loads in one line: the TorchScript
-// module with its trained weights (torch.jit.load) or a state_dict (torch.load + load_state_dict).
+// module with its trained weights (torch.jit.load), a state_dict (torch.load + load_state_dict), or
+// for the built-in GPT a Hugging Face GPT-2 directory (GPT2LMHeadModel.from_pretrained).
 #include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/model.hpp>
@@ -13,6 +14,8 @@
 #include <sstream>
 
 #include "app/cli.hpp"
+#include "models/hf_gpt2.hpp"
+#include "snapshot/snapshot_codec.hpp"
 
 namespace mpiddp::app {
 
@@ -99,36 +102,54 @@ std::string export_state_dict(const Snapshot& s, const std::string& out) {
   return "state_dict of " + std::to_string(tensors.size()) + " tensors (load: model.load_state_dict(torch.load(FILE)))";
 }
 
+// The built-in GPT as transformers' GPT-2: DIR/config.json and DIR/model.safetensors.
+std::string export_hf(const Snapshot& s, const std::string& name, const std::string& out) {
+  const auto shape = s.texts.find(detail::kGptConfigKey);
+  MPIDDP_CHECK(
+      shape != s.texts.end(),
+      "snapshot '" + name + "' is not of the built-in GPT (mpiddp train --model gpt): --format hf writes GPT-2");
+  const auto config = GptConfig::from_json(shape->second);
+  const auto tensors = model_tensors(s);
+  write_hf_gpt2(out, config, std::map<std::string, torch::Tensor>(tensors.begin(), tensors.end()));
+  return "Hugging Face GPT-2 (config.json, model.safetensors; load: "
+         "transformers.GPT2LMHeadModel.from_pretrained(DIR))";
+}
+
 }  // namespace
 
 int run_export(Runtime& runtime, const std::vector<std::string>& args) {
   std::string snapshot, out, format = "auto";
   po::options_description options("mpiddp export options");
   options.add_options()("help,h", "show this help")("snapshot", po::value(&snapshot), "the snapshot (HDF5) to export")(
-      "out", po::value(&out), "the file to write")(
+      "out", po::value(&out), "the file to write (--format hf: the directory)")(
       "format", po::value(&format)->default_value("auto"),
-      "auto (torchscript for a TorchScript model, else state-dict) | torchscript | state-dict");
+      "auto (torchscript for a TorchScript model, else state-dict) | torchscript | state-dict | hf (the built-in "
+      "GPT as Hugging Face's GPT-2: config.json + model.safetensors)");
   po::positional_options_description positional;
   positional.add("snapshot", 1);
   return run_rank0_command(
       runtime, args,
       {"export",
-       "usage: mpiddp export SNAPSHOT --out FILE [--format auto|torchscript|state-dict]\n\n"
+       "usage: mpiddp export SNAPSHOT --out FILE [--format auto|torchscript|state-dict|hf]\n\n"
        "Writes a snapshot's trained model for Python: a TorchScript model as its module with the\n"
        "trained weights (torch.jit.load(FILE)), any model as a state_dict\n"
-       "(model.load_state_dict(torch.load(FILE))). The snapshot is verified first.\n\n",
+       "(model.load_state_dict(torch.load(FILE))), the built-in GPT as a Hugging Face GPT-2 directory\n"
+       "(--format hf --out DIR: GPT2LMHeadModel.from_pretrained(DIR)). The snapshot is verified first.\n\n",
        options, &positional,
        [&](const po::variables_map&) {
          MPIDDP_CHECK(!snapshot.empty(), "say which snapshot to export (mpiddp export SNAPSHOT --out FILE)");
          MPIDDP_CHECK(!out.empty(), "--out is required");
-         MPIDDP_CHECK(format == "auto" || format == "torchscript" || format == "state-dict",
-                      "unknown --format '" + format + "' (auto, torchscript, state-dict)");
+         MPIDDP_CHECK(format == "auto" || format == "torchscript" || format == "state-dict" || format == "hf",
+                      "unknown --format '" + format + "' (auto, torchscript, state-dict, hf)");
        },
        [&] {
          const Snapshot s = read_snapshot(snapshot);  // verified: a damaged file is refused here
          const bool script = format == "torchscript" || (format == "auto" && s.tensors.count("torchscript"));
          return "mpiddp export: wrote " + out + ": " +
-                (script ? export_torchscript(s, snapshot, out) : export_state_dict(s, out)) + "\n";
+                (format == "hf" ? export_hf(s, snapshot, out)
+                 : script       ? export_torchscript(s, snapshot, out)
+                                : export_state_dict(s, out)) +
+                "\n";
        }});
 }
 

@@ -25,6 +25,8 @@ const std::vector<mpiddp::app::Command>& commands() {
        mpiddp::app::run_train},
       {"export", "write a snapshot's model for Python (TorchScript module or state_dict)", mpiddp::app::run_export},
       {"generate", "continue a prompt with a built-in GPT's snapshot (nanoGPT's sampling)", mpiddp::app::run_generate},
+      {"launch", "run a torchrun-style command (a Python script) on every rank, its environment from MPI",
+       mpiddp::app::run_launch},
       {"data", "write datasets: mpiddp's HDF5 layout (fashion-mnist, mnist, synthetic), llm.c token shards (text)", mpiddp::app::run_data},
   };
   return list;
@@ -48,7 +50,10 @@ int main(int argc, char** argv) {
   mpiddp::tune_malloc_for_training();
   std::unique_ptr<mpiddp::Runtime> runtime;
   try {
-    runtime = std::make_unique<mpiddp::Runtime>(&argc, &argv);
+    // A launcher leaves the GPU to its command (binding it would make a CUDA context there).
+    mpiddp::RuntimeOptions options;
+    options.bind_device = !(argc > 1 && std::string(argv[1]) == "launch");
+    runtime = std::make_unique<mpiddp::Runtime>(&argc, &argv, options);
   } catch (const mpiddp::Error& e) {
     // Raised before the ranks could agree on anything: report here and end every rank.
     std::cerr << "mpiddp: error: " << e.message() << std::endl;

@@ -22,6 +22,7 @@
 
 #include "app/cli.hpp"
 #include "app/option_table.hpp"
+#include "models/hf_gpt2.hpp"
 
 namespace mpiddp::app {
 
@@ -76,7 +77,8 @@ std::vector<Row> model_options() {
       option<C>("bias", [](C& c) -> auto& { return c.gpt.bias; },
                 "gpt: biases in Linears and LayerNorms (true | false)", shown_as("true")),
       option<C>("init-from", [](C& c) -> auto& { return c.init_from; },
-                "start from this state_dict (torch.save(model.state_dict()) or `mpiddp export`) instead of a fresh model",
+                "start from this state_dict (torch.save(model.state_dict()) or `mpiddp export`) instead of a fresh model; "
+                "gpt: or from a Hugging Face GPT-2 directory (config.json + model.safetensors), whose shape is the GPT's",
                 kNoDefault),
   };
 }
@@ -152,6 +154,9 @@ std::vector<Row> run_options() {
       option<C>("tensorboard", [](C& c) -> auto& { return c.t.tensorboard_dir; },
                 "write TensorBoard event files to this directory (rank 0): train/* scalars per progress line, epoch/* "
                 "per epoch, the options as text", kNoDefault),
+      option<C>("flops-per-sample", [](C& c) -> auto& { return c.t.flops_per_sample; },
+                "model FLOPs of one sample's forward and backward, for FLOP/s and MFU (default: the built-in GPT's "
+                "own; other models: none)", shown_as("0")),
       option<C>("cache-mb", [](C& c) -> auto& { return c.cache_mb; },
                 "read a dataset into memory once when it is at most this size (MiB; 0: read every batch from the "
                 "file)", {}, std::vector<std::string>{"cache_bytes"}),
@@ -239,8 +244,9 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
                "--betas applies to adam and adamw, not " + c.optimizer);
   betas_of(c.betas);  // throws on a malformed pair
   if (c.model == "gpt") c.gpt.validate();
-  MPIDDP_CHECK(c.init_from.empty() || std::filesystem::is_regular_file(c.init_from),
-               "--init-from: state_dict file '" + c.init_from + "' does not exist");
+  MPIDDP_CHECK(c.init_from.empty() || std::filesystem::is_regular_file(c.init_from) ||
+                   std::filesystem::is_directory(c.init_from),
+               "--init-from: state_dict file or Hugging Face directory '" + c.init_from + "' does not exist");
   MPIDDP_CHECK(c.loss == "auto" || c.loss == "cross-entropy" || c.loss == "mse" || c.loss == "model",
                "unknown --loss '" + c.loss + "' (auto, cross-entropy, mse, model)");
   MPIDDP_CHECK(c.device == "cpu" || c.device == "cuda", "unknown --device '" + c.device + "' (cpu, cuda)");
@@ -279,6 +285,37 @@ std::string config_json(const TrainConfig& c, int threads, int world_size) {
 
 namespace {
 
+// ---- --init-from DIR: a Hugging Face GPT-2 (models/hf_gpt2.hpp) ----
+// Its config.json is the GPT's shape: a shape flag given otherwise is an error, not overridden.
+// The dropout stays the run's own (--dropout, as nanoGPT's fine-tuning), not the checkpoint's.
+// Every rank reads the directory, config.json here and the weights in make_trainer, each in a local
+// phase whose errors the ranks agree on (one line from rank 0, every rank exits).
+bool is_hf_dir(const std::string& init_from) { return !init_from.empty() && std::filesystem::is_directory(init_from); }
+
+void take_hf_gpt2_shape(TrainConfig& c, const po::variables_map& vm) {
+  if (!is_hf_dir(c.init_from)) return;
+  MPIDDP_CHECK(c.model == "gpt",
+               "--init-from '" + c.init_from + "' is a Hugging Face directory: it starts --model gpt, not " + c.model);
+  GptConfig hf;
+  try {
+    hf = read_hf_gpt2_config(c.init_from);
+  } catch (const Error& e) {
+    MPIDDP_THROW("--init-from: " + e.message());
+  }
+  const std::vector<std::tuple<std::string, nlohmann::json, nlohmann::json>> shape = {
+      {"block-size", c.gpt.block_size, hf.block_size}, {"vocab-size", c.gpt.vocab_size, hf.vocab_size},
+      {"n-layer", c.gpt.n_layer, hf.n_layer},          {"n-head", c.gpt.n_head, hf.n_head},
+      {"n-embd", c.gpt.n_embd, hf.n_embd},             {"bias", c.gpt.bias, hf.bias}};
+  for (const auto& [flag, given, theirs] : shape) {
+    MPIDDP_CHECK(vm[flag].defaulted() || given == theirs,
+                 "--" + flag + " " + given.dump() + " disagrees with " + c.init_from + "/config.json (" + theirs.dump() +
+                     "): the checkpoint's shape is the GPT's, leave the flag out");
+  }
+  hf.dropout = c.gpt.dropout;
+  c.gpt = hf;
+}
+// ---- end of --init-from DIR ----
+
 // The parsed options as TrainerOptions (c.t) and the rest of the run; the threads each rank uses.
 int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& runtime) {
   auto& t = c.t;
@@ -290,6 +327,7 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
     const auto* optimizer = find_optimizer(c.optimizer);
     c.lr = optimizer ? optimizer->default_lr : 0.001;  // an unknown name fails in check_cli_flags
   }
+  take_hf_gpt2_shape(c, vm);
   check_cli_flags(runtime, c);
   t.ddp.bucket_cap_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
   t.ddp.first_bucket_cap_bytes = static_cast<int64_t>(c.first_bucket_mb * (1 << 20));
@@ -317,9 +355,7 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
   if (c.loss == "cross-entropy") t.loss = cross_entropy_loss();
   if (c.loss == "mse") t.loss = mse_loss();
   t.model_loss = c.loss == "model";
-  // Never oversubscribe: the cores of this node shared among its ranks.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = c.threads > 0 ? c.threads : std::max(1, cores / runtime.local_size());
+  const int threads = c.threads > 0 ? c.threads : fair_share_of_cores(runtime.local_size());
   t.run_config = config_json(c, threads, runtime.size());
   t.validate(flag_of, runtime.rank());
   return threads;
@@ -335,7 +371,8 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, int threads, Runtime
     auto model = make_model(c.model, data, c.gpt);
     if (!c.init_from.empty()) {
       try {
-        load_named(*model, read_state_dict(c.init_from));
+        load_named(*model, is_hf_dir(c.init_from) ? read_hf_gpt2_state(c.init_from, c.gpt)
+                                                  : read_state_dict(c.init_from));
       } catch (const Error& e) {
         MPIDDP_THROW("--init-from '" + c.init_from + "': " + e.message());
       }

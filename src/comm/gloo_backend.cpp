@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/backend_factories.hpp"
+#include "comm/served_store.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
 
@@ -51,31 +52,13 @@ class GlooProcessGroup : public ProcessGroup {
   GlooProcessGroup(const Runtime& runtime, const CommOptions& options) : ProcessGroup(runtime, options) {
     // Rank 0 serves the store on a port the kernel picks; everyone learns host and port by MPI.
     const std::string host = runtime.node_count() == 1 ? "127.0.0.1" : runtime.hostnames()[0];
-    c10d::TCPStoreOptions so;
-    so.timeout = options.timeout;
-    compat::use_classic_tcp_store(so);
-    int port = 0;
-    c10::intrusive_ptr<c10d::Store> store;
-    std::string server_error;
-    if (runtime.rank() == 0) {
-      so.port = 0;
-      so.isServer = true;
-      so.numWorkers = runtime.size();
-      so.waitWorkers = false;
-      try {
-        auto server = c10::make_intrusive<c10d::TCPStore>(host, so);
-        port = server->getPort();
-        store = server;
-      } catch (const std::exception& e) {
-        port = -1;  // tells every rank, so all fail together instead of waiting for a store
-        server_error = e.what();
-      }
-    }
-    MPIDDP_CHECK_MPI(MPI_Bcast(&port, 1, MPI_INT, 0, runtime.world()));
-    MPIDDP_CHECK(port > 0, "gloo backend: rank 0 could not open its TCPStore on " + host +
-                               (server_error.empty() ? std::string() : ": " + server_error));
+    const ServedStore served = serve_store(runtime, host, runtime.size(), options.timeout, "gloo backend");
+    c10::intrusive_ptr<c10d::Store> store = served.server;
     if (runtime.rank() != 0) {
-      so.port = static_cast<uint16_t>(port);
+      c10d::TCPStoreOptions so;
+      so.timeout = options.timeout;
+      compat::use_classic_tcp_store(so);
+      so.port = static_cast<uint16_t>(served.port);
       so.isServer = false;
       store = c10::make_intrusive<c10d::TCPStore>(host, so);
     }

@@ -3,6 +3,7 @@
 #include <mpiddp/error.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 
 namespace mpiddp::detail {
@@ -21,15 +22,38 @@ std::string clock_text(double seconds) {
   return text;
 }
 
-// "123.4 samples/s", or for token data "123.4 samples/s (31590 tokens/s)".
-std::string rate_text(double samples_per_s, double tokens_per_s) {
-  char text[96];
-  if (tokens_per_s > 0) {
-    std::snprintf(text, sizeof text, "%.1f samples/s (%.0f tokens/s)", samples_per_s, tokens_per_s);
-  } else {
-    std::snprintf(text, sizeof text, "%.1f samples/s", samples_per_s);
+// "1.23 TFLOP/s", "45.67 GFLOP/s", "123.4 kFLOP/s": 3 or 4 significant digits.
+std::string flops_text(double flops_per_s) {
+  static constexpr std::array<const char*, 6> kPrefixes{"", "k", "M", "G", "T", "P"};
+  double value = flops_per_s;
+  size_t prefix = 0;
+  while (value >= 999.95 && prefix + 1 < kPrefixes.size()) {  // 999.95 would print as 1000.0
+    value /= 1000;
+    ++prefix;
   }
+  char text[48];
+  std::snprintf(text, sizeof text, "%.*f %sFLOP/s", value >= 99.995 ? 1 : 2, value, kPrefixes[prefix]);
   return text;
+}
+
+// "123.4 samples/s", for token data "123.4 samples/s (31590 tokens/s)", then where the model's
+// FLOPs are known ", 1.23 TFLOP/s" and where the device's peak is too " (MFU 19.5%)".
+std::string rate_text(double samples_per_s, const Throughput& throughput) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f samples/s", samples_per_s);
+  std::string out = text;
+  if (const double tokens_per_s = throughput.tokens_per_s(samples_per_s); tokens_per_s > 0) {
+    std::snprintf(text, sizeof text, " (%.0f tokens/s)", tokens_per_s);
+    out += text;
+  }
+  if (const double flops_per_s = throughput.flops_per_s(samples_per_s); flops_per_s > 0) {
+    out += ", " + flops_text(flops_per_s);
+    if (const double mfu = throughput.mfu(flops_per_s); mfu > 0) {
+      std::snprintf(text, sizeof text, " (MFU %.1f%%)", 100 * mfu);
+      out += text;
+    }
+  }
+  return out;
 }
 
 // The run's options as TensorBoard text: a Markdown table of a JSON object (what the CLI stores),
@@ -71,6 +95,8 @@ nlohmann::json to_json(const EpochMetrics& m, int world_size) {
   if (m.test_loss >= 0) j["test_loss"] = m.test_loss;
   if (m.test_accuracy >= 0) j["test_accuracy"] = m.test_accuracy;
   if (m.tokens_per_s > 0) j["tokens_per_s"] = m.tokens_per_s;
+  if (m.flops_per_s > 0) j["flops_per_s"] = m.flops_per_s;
+  if (m.mfu > 0) j["mfu"] = m.mfu;
   if (m.loss_scale > 0) {
     j["loss_scale"] = m.loss_scale;
     j["overflow_steps"] = m.overflow_steps;
@@ -79,12 +105,12 @@ nlohmann::json to_json(const EpochMetrics& m, int world_size) {
 }
 
 ProgressLog::ProgressLog(RunLogs& logs, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
-                         const RunPosition& from, int64_t tokens_per_sample, Note note)
+                         const RunPosition& from, const Throughput& throughput, Note note)
     : logs_(logs),
       options_(options),
       plan_(plan),
       world_size_(runtime.size()),
-      tokens_per_sample_(tokens_per_sample),
+      throughput_(throughput),
       active_(runtime.rank() == 0 && (note || logs.any())),
       log_steps_(options.log_every_steps < 0 ? std::max<int64_t>(1, plan.steps_per_epoch / 10)
                                              : options.log_every_steps),
@@ -108,18 +134,19 @@ void ProgressLog::maybe_report(const RunPosition& p) {
   if (!(by_steps || by_time) || span < o.log_min_gap_seconds || !plan_.epoch_running(p)) return;
   const double rate = static_cast<double>(window_.steps) / std::max(span, 1e-9);  // steps/s
   const double samples_per_s = rate * static_cast<double>(o.samples_per_step() * world_size_);
-  const double tokens_per_s = samples_per_s * static_cast<double>(tokens_per_sample_);
+  const double tokens_per_s = throughput_.tokens_per_s(samples_per_s);
+  const double flops_per_s = throughput_.flops_per_s(samples_per_s), mfu = throughput_.mfu(flops_per_s);
   const double loss_mean = window_.loss / static_cast<double>(window_.steps);
   const int64_t left_in_epoch = plan_.steps_per_epoch - p.step_in_epoch, left = plan_.total_steps - p.global_step;
   if (note_) {
-    char text[256];
+    char text[384];
     std::snprintf(text, sizeof text,
                   "epoch %lld/%lld, step %lld/%lld (%d%%): loss %.4f (rank 0, mean of the last %lld steps), "
                   "%s, ETA epoch %s, run %s",
                   static_cast<long long>(p.epoch + 1), static_cast<long long>(plan_.epochs),
                   static_cast<long long>(p.step_in_epoch), static_cast<long long>(plan_.steps_per_epoch),
                   static_cast<int>(100 * p.step_in_epoch / plan_.steps_per_epoch), loss_mean,
-                  static_cast<long long>(window_.steps), rate_text(samples_per_s, tokens_per_s).c_str(),
+                  static_cast<long long>(window_.steps), rate_text(samples_per_s, throughput_).c_str(),
                   clock_text(static_cast<double>(left_in_epoch) / rate).c_str(),
                   clock_text(static_cast<double>(left) / rate).c_str());
     note_(text);
@@ -128,10 +155,14 @@ void ProgressLog::maybe_report(const RunPosition& p) {
                          {"global_step", p.global_step}, {"train_loss", loss_mean}, {"window_steps", window_.steps},
                          {"samples_per_s", samples_per_s}, {"lr", p.lr}};
   if (tokens_per_s > 0) line["tokens_per_s"] = tokens_per_s;
+  if (flops_per_s > 0) line["flops_per_s"] = flops_per_s;
+  if (mfu > 0) line["mfu"] = mfu;
   logs_.line(line);
   logs_.scalar("train/loss", loss_mean, p.global_step);
   logs_.scalar("train/samples_per_s", samples_per_s, p.global_step);
   if (tokens_per_s > 0) logs_.scalar("train/tokens_per_s", tokens_per_s, p.global_step);
+  if (flops_per_s > 0) logs_.scalar("train/flops_per_s", flops_per_s, p.global_step);
+  if (mfu > 0) logs_.scalar("train/mfu", mfu, p.global_step);
   logs_.scalar("train/lr", p.lr, p.global_step);
   window_ = Window{};
 }
@@ -140,8 +171,8 @@ void ProgressLog::on_epoch(const EpochMetrics& m) {
   const auto j = to_json(m, world_size_);
   logs_.line(j);
   // The same numbers as TensorBoard scalars epoch/<key>, at the epoch's last global step.
-  for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "tokens_per_s", "seconds", "lr",
-                          "loss_scale"}) {
+  for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "tokens_per_s", "flops_per_s",
+                          "mfu", "seconds", "lr", "loss_scale"}) {
     if (j.contains(key)) logs_.scalar(std::string("epoch/") + key, j[key].get<double>(), m.global_step);
   }
 }

@@ -1,6 +1,7 @@
-// What rank 0 reports of a training run: progress lines within an epoch (loss, samples/s, ETA),
-// the metrics JSON lines and the TensorBoard events, per progress line and per epoch. Local to
-// rank 0: it calls no collective (every number it reports was agreed or measured before).
+// What rank 0 reports of a training run: progress lines within an epoch (loss, samples/s, FLOP/s
+// and MFU where known, ETA), the metrics JSON lines and the TensorBoard events, per progress line
+// and per epoch. Local to rank 0: it calls no collective (every number it reports was agreed or
+// measured before).
 #pragma once
 
 #include <mpiddp/tensorboard.hpp>
@@ -31,6 +32,18 @@ struct RunLogs {
   void scalar(const std::string& tag, double value, int64_t step);
 };
 
+/// What a progress line's samples/s becomes tokens/s, FLOP/s and MFU with; each 0 where unknown,
+/// and then that rate is left out of the records.
+struct Throughput {
+  int64_t tokens_per_sample = 0;  ///< Task::tokens_per_sample(): token data's block size
+  double flops_per_sample = 0;    ///< model FLOPs of one sample's forward and backward (flops.hpp)
+  double peak_flops_per_s = 0;    ///< the job's dense peak: every rank's device together
+
+  double tokens_per_s(double samples_per_s) const { return samples_per_s * static_cast<double>(tokens_per_sample); }
+  double flops_per_s(double samples_per_s) const { return samples_per_s * flops_per_sample; }
+  double mfu(double flops_per_s) const { return peak_flops_per_s > 0 ? flops_per_s / peak_flops_per_s : 0; }
+};
+
 /// One epoch's numbers as the metrics file writes them ("kind": "epoch"); TensorBoard's epoch/*
 /// scalars are the same numbers.
 nlohmann::json to_json(const EpochMetrics& m, int world_size);
@@ -38,11 +51,11 @@ nlohmann::json to_json(const EpochMetrics& m, int world_size);
 class ProgressLog {
  public:
   using Note = std::function<void(const std::string&)>;
-  /// `note`: rank 0's line sink (nullptr: none); `tokens_per_sample`: token data's block size (its
-  /// lines report tokens/s too), else 0. Writes the run's options to TensorBoard, and a session
+  /// `note`: rank 0's line sink (nullptr: none); `throughput`: the figures its lines report tokens/s,
+  /// FLOP/s and MFU with, where known. Writes the run's options to TensorBoard, and a session
   /// start when `from` is a resumed position (its steps will be seen again).
   ProgressLog(RunLogs& logs, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
-              const RunPosition& from, int64_t tokens_per_sample, Note note);
+              const RunPosition& from, const Throughput& throughput, Note note);
 
   /// Each epoch's lines start afresh (evaluation is not training time).
   void start_epoch() { window_ = Window{}; }
@@ -68,7 +81,7 @@ class ProgressLog {
   const TrainerOptions& options_;
   const RunPlan plan_;
   const int world_size_;
-  const int64_t tokens_per_sample_;  ///< Task::tokens_per_sample() (0: samples alone)
+  const Throughput throughput_;
   const bool active_;         ///< rank 0 with somewhere to write
   const int64_t log_steps_;   ///< a line every this many steps (0: none by steps)
   Note note_;

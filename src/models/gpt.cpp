@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -80,10 +81,12 @@ struct MlpImpl : nn::Module {
   explicit MlpImpl(const GptConfig& c)
       : c_fc(register_module("c_fc", nn::Linear(nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)))),
         c_proj(register_module("c_proj", nn::Linear(nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)))),
-        dropout(register_module("dropout", nn::Dropout(c.dropout))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return dropout(c_proj(torch::gelu(c_fc(x)))); }
+        dropout(register_module("dropout", nn::Dropout(c.dropout))),
+        gelu_approximate(c.activation == "gelu_new" ? "tanh" : "none") {}
+  torch::Tensor forward(const torch::Tensor& x) { return dropout(c_proj(torch::gelu(c_fc(x), gelu_approximate))); }
   nn::Linear c_fc, c_proj;
   nn::Dropout dropout;
+  std::string gelu_approximate;  // torch::gelu's name for the config's activation
 };
 TORCH_MODULE(Mlp);
 
@@ -135,12 +138,14 @@ void GptConfig::validate() const {
   MPIDDP_CHECK(n_embd % n_head == 0, "the GPT's width (n_embd " + std::to_string(n_embd) +
                                          ") must be a multiple of its heads (n_head " + std::to_string(n_head) + ")");
   MPIDDP_CHECK(dropout >= 0 && dropout < 1, "the GPT's dropout must be in [0, 1), got " + std::to_string(dropout));
+  MPIDDP_CHECK(activation == "gelu" || activation == "gelu_new",
+               "the GPT's activation must be gelu (exact) or gelu_new (tanh approximation), got '" + activation + "'");
 }
 
 std::string GptConfig::to_json() const {
-  return nlohmann::json{{"block_size", block_size}, {"vocab_size", vocab_size}, {"n_layer", n_layer},
-                        {"n_head", n_head},         {"n_embd", n_embd},         {"dropout", dropout},
-                        {"bias", bias}}
+  return nlohmann::json{
+      {"block_size", block_size}, {"vocab_size", vocab_size}, {"n_layer", n_layer}, {"n_head", n_head},
+      {"n_embd", n_embd},         {"dropout", dropout},       {"bias", bias},       {"activation", activation}}
       .dump();
 }
 
@@ -156,6 +161,7 @@ GptConfig GptConfig::from_json(const std::string& text) {
     c.n_embd = j.at("n_embd").get<int64_t>();
     c.dropout = j.at("dropout").get<double>();
     c.bias = j.at("bias").get<bool>();
+    c.activation = j.value("activation", std::string("gelu"));  // absent before the field existed
   } catch (const nlohmann::json::exception& e) {
     MPIDDP_THROW("a GPT configuration lacks a field or has one of the wrong type: " + std::string(e.what()));
   }
@@ -182,6 +188,22 @@ GptImpl::GptImpl(const GptConfig& config) : config_(config), parts_(std::make_sh
       p.normal_(0.0, ends_with(name, ".c_proj.weight") ? residual_std : 0.02);
     }
   }
+  // nanoGPT's get_num_params(non_embedding=True): each tensor once (wte is lm_head), less wpe.
+  std::set<const void*> seen;
+  for (const auto& p : parameters(/*recurse=*/true)) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) non_embedding_params_ += p.numel();
+  }
+  non_embedding_params_ -= parts_->transformer->wpe->weight.numel();
+}
+
+double GptImpl::training_flops_per_sample(int64_t sample_tokens) const {
+  // Per token: 6 FLOPs per weight (2 forward, 4 backward: PaLM's appendix B) and 12 L C T for
+  // attention's scores and weighted sums, as nanoGPT's estimate_mfu counts them; T is the sample's
+  // tokens (the data's block size, at most the model's). Recompute under activation checkpointing
+  // is not counted: MFU counts the model's FLOPs, not the hardware's.
+  const auto n = static_cast<double>(non_embedding_params_), t = static_cast<double>(sample_tokens);
+  const auto l = static_cast<double>(config_.n_layer), c = static_cast<double>(config_.n_embd);
+  return (6.0 * n + 12.0 * l * c * t) * t;
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& idx) {

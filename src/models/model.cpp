@@ -1,5 +1,6 @@
 #include <mpiddp/checkpoint.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/flops.hpp>
 #include <mpiddp/model.hpp>
 #include <mpiddp/units.hpp>
 
@@ -38,6 +39,10 @@ class ModuleModel final : public Model {
       return;
     }
     Model::set_activation_checkpointing(on);
+  }
+  double training_flops_per_sample(int64_t sample_tokens) const override {
+    const auto* counted = dynamic_cast<const FlopCounted*>(module_.get());
+    return counted ? counted->training_flops_per_sample(sample_tokens) : 0;
   }
   std::vector<std::vector<torch::Tensor>> units() const override {
     std::vector<std::vector<torch::Tensor>> out;

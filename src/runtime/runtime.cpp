@@ -85,6 +85,11 @@ void use_deterministic_kernels() {
   context.setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
+int fair_share_of_cores(int local_size) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, local_size));
+}
+
 c10::Device choose_device(int local_rank, int visible_gpus) {
   MPIDDP_CHECK(local_rank >= 0, "local rank must be >= 0");
   if (visible_gpus <= 0) return c10::Device(c10::kCPU);

@@ -13,7 +13,9 @@
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/checkpoint.hpp>
+#include <mpiddp/diagnostics.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/flops.hpp>
 #include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
 
@@ -78,6 +80,27 @@ class EpochClock {
   std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
 };
 
+// What samples/s makes tokens/s, FLOP/s and MFU with. FLOP/s counts model FLOPs (the option's
+// figure, else the model's own): the recompute of activation checkpointing is not counted, as MFU's
+// convention has it (PaLM, nanoGPT), so checkpointing shows as the MFU it costs. The job's peak is
+// this rank's device's times the ranks: a job's devices are taken to be alike, and rank 0, which
+// reports, names its own. No peak (no MFU) for the CPU or a device or precision flops.hpp lacks.
+detail::Throughput throughput_of(const TrainerOptions& o, const Model& model, const detail::Task& task,
+                                 int world_size) {
+  detail::Throughput t;
+  t.tokens_per_sample = task.tokens_per_sample();
+  t.flops_per_sample =
+      o.flops_per_sample > 0 ? o.flops_per_sample : model.training_flops_per_sample(t.tokens_per_sample);
+  // A CUDA device without an index is the current one, which a tensor made there names.
+  const c10::Device device = o.device.is_cuda() && !o.device.has_index()
+                                 ? torch::empty({0}, torch::TensorOptions().device(o.device)).device()
+                                 : o.device;
+  if (const auto gpu = describe_gpu(device)) {
+    if (const auto peak = dense_peak_flops(gpu->name, o.precision)) t.peak_flops_per_s = *peak * world_size;
+  }
+  return t;
+}
+
 }  // namespace
 
 // ---- construction: every check that needs no other rank ----------------------------------------
@@ -97,6 +120,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& m
                                          " samples cannot fill one batch of " + std::to_string(o.batch_size) +
                                          (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") +
                                          " on each of " + std::to_string(runtime.size()) + " ranks");
+  throughput_ = std::make_unique<detail::Throughput>(throughput_of(o, *model_, *task_, runtime.size()));
   // Rank 0's files, last: every check above has passed before anything is created.
   logs_ = std::make_unique<detail::RunLogs>(o, runtime.rank());
 }
@@ -393,7 +417,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     restore_optimizer(*resumed, update.zero());
     resumed.reset();
   }
-  detail::ProgressLog progress(*logs_, o, runtime_, plan, p, task_->tokens_per_sample(), on_note);
+  detail::ProgressLog progress(*logs_, o, runtime_, plan, p, *throughput_, on_note);
   detail::BatchSource batches(*train_, o, runtime_, plan, p, read_ahead);
   const detail::SnapshotPolicy snapshots(o);
   auto snapshot = [&](RunPosition at) {
@@ -535,7 +559,9 @@ EpochMetrics Trainer::finish_epoch(const RunPosition& p, const RunPosition& epoc
   // The epoch's steps over its seconds, both counted from its start (a resumed epoch's too).
   m.samples_per_s =
       p.seconds > 0 ? static_cast<double>(p.step_in_epoch * o.samples_per_step() * runtime_.size()) / p.seconds : 0;
-  m.tokens_per_s = m.samples_per_s * static_cast<double>(task_->tokens_per_sample());
+  m.tokens_per_s = throughput_->tokens_per_s(m.samples_per_s);
+  m.flops_per_s = throughput_->flops_per_s(m.samples_per_s);
+  m.mfu = throughput_->mfu(m.flops_per_s);
   if (test_) {
     auto hold = batches.pause();
     std::tie(m.test_loss, m.test_accuracy) = evaluate();

@@ -34,6 +34,9 @@ void TrainerOptions::validate(const std::function<std::string(const std::string&
                n("precision") + " must be kFloat, kBFloat16 or kHalf, got " + std::string(c10::toString(precision)));
   MPIDDP_CHECK(loss_scaling.init_scale > 0 && std::isfinite(loss_scaling.init_scale),
                n("loss_scaling.init_scale") + " must be > 0, got " + std::to_string(loss_scaling.init_scale));
+  MPIDDP_CHECK(
+      flops_per_sample >= 0 && std::isfinite(flops_per_sample),
+      n("flops_per_sample") + " must be >= 0 (0: the model's own figure), got " + std::to_string(flops_per_sample));
   MPIDDP_CHECK(save_every >= 0, n("save_every") + " must be >= 0");
   MPIDDP_CHECK(save_every_steps >= 0, n("save_every_steps") + " must be >= 0");
   MPIDDP_CHECK(keep >= 0, n("keep") + " must be >= 0");

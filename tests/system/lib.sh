@@ -42,10 +42,16 @@ py() {
   return "$status"
 }
 
+# Each result line ends with the seconds since the previous one (the runs that check and its own
+# command took): where a test's time goes.
+check_clock=$SECONDS
 check() {  # check "description" command...
-  local desc=$1
+  local desc=$1 ok=0
   shift
-  if "$@"; then
+  "$@" || ok=$?
+  desc+=" [$((SECONDS - check_clock)) s]"
+  check_clock=$SECONDS
+  if [ $ok = 0 ]; then
     echo "ok   - $desc"
     passed=$((passed + 1))
   else

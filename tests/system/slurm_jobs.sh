@@ -4,7 +4,8 @@
 # over TCP). Checks: batch/batch.sh (`sbatch -N 2`): distinct hostnames per node, LOCAL_RANK /
 # GROUP_RANK / WORLD_SIZE, the sanity check OK, training; a cross-node all-reduce checked by
 # `mpiddp bench -c 1` (batch/bench.sh); batch/cpu.sh on 2 nodes gives the parameters of the same
-# world size on one node; batch/srun.sh (srun --mpi=pmix); batch/preempt.sh stopped by SIGUSR1,
+# world size on one node; batch/srun.sh (srun --mpi=pmix); batch/python.sh (a torchrun-style DDP
+# script under `mpiddp launch`, node1's address chosen on the nodes' subnet); batch/preempt.sh stopped by SIGUSR1,
 # requeued, resumed from its snapshot. Skips (exit 77, with the reason) where no cluster can be had.
 # usage: slurm_jobs.sh path/to/mpiddp path/to/make_bad_datasets SOURCE_DIR
 source "$(dirname "$0")/lib.sh"
@@ -85,6 +86,24 @@ if srun --mpi=list 2>&1 | grep -q pmix; then
 else
   echo "SKIP - srun.sh: this Slurm has no pmix plugin (srun --mpi=list)"
 fi
+
+# ---- python.sh: a torchrun-style DDP script under `mpiddp launch` on 2 nodes x 2 ranks -------------
+MPIDDP_PYTHON=$TEST_PYTHON MPIDDP_LAUNCH_ARGS=--print-env MPIDDP_SCRIPT="$src/tests/python/torchrun_ddp.py $tmp/python-ddp.json" \
+  slurm_submit_wait "$src/batch/python.sh" -N 2 --gres=none
+out=$(job_log)
+check "python.sh: job completed" [ "$rc" -eq 0 ]
+check "python.sh: GROUP_RANK 0 0 1 1 on node1 node1 node2 node2" bash -c '
+  for want in "node1 RANK=0 .* GROUP_RANK=0 " "node1 RANK=1 .* GROUP_RANK=0 " "node2 RANK=2 .* GROUP_RANK=1 " "node2 RANK=3 .* GROUP_RANK=1 "; do
+    grep -q "$want" <<<"$1" || { echo "       no line \"$want\" among:"; echo "$1"; exit 1; }
+  done' _ "$(cat "$tmp/python-ddp.json".rank*)"
+check "python.sh: every rank dials node1's address on the nodes' subnet" \
+  [ "$(grep -o "MASTER_ADDR=[^ ]*" <<<"$out" | sort | uniq -c | awk '{print $1, $2}')" = "4 MASTER_ADDR=$SLURM_TEST_NET.11" ]
+py "$src/tests/python/torchrun_ddp.py" "$tmp/python-ref.json" --reference 4
+check "python.sh: parameters equal one process on the global batch (1e-5)" py - "$tmp/python-ddp.json" "$tmp/python-ref.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert max(abs(x - y) for k in a for x, y in zip(a[k], b[k])) <= 1e-5
+PY
 
 # ---- preempt.sh: SIGUSR1 -> snapshot -> requeue -> resume -----------------------------------------
 job=$(MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-pre MPIDDP_EPOCHS=300 sbatch --parsable -N 2 "$src/batch/preempt.sh")

@@ -79,8 +79,9 @@ def main():
     expected = {}
     for r in rows:
         prefix = {"log": "train/", "epoch": "epoch/"}[r["kind"]]
-        keys = ["train_loss", "samples_per_s", "tokens_per_s", "lr"] if r["kind"] == "log" else \
-            ["train_loss", "test_loss", "test_accuracy", "samples_per_s", "tokens_per_s", "seconds", "lr"]
+        keys = ["train_loss", "samples_per_s", "tokens_per_s", "flops_per_s", "mfu", "lr"] if r["kind"] == "log" else \
+            ["train_loss", "test_loss", "test_accuracy", "samples_per_s", "tokens_per_s", "flops_per_s", "mfu",
+             "seconds", "lr"]
         for k in keys:
             if k in r:
                 tag = prefix + ("loss" if (r["kind"] == "log" and k == "train_loss") else k)

@@ -45,6 +45,21 @@ for n in 1 2 3 4; do
   check "np$n: a progress line per log record" \
     [ "$(grep -c '^epoch [0-9]*/3, step ' <<<"$out")" -eq "$(grep -c '"kind":"log"' "$tmp/m$n.jsonl")" ]
 done
+# Model FLOP/s: a model that does not count its FLOPs has none (nor MFU) unless --flops-per-sample
+# gives them; then FLOP/s = samples/s x that figure in every record, train/ and epoch/.
+check "linear: no FLOP/s without --flops-per-sample" bash -c "! grep -q -e flops_per_s -e mfu \"\$0\"" "$tmp/m1.jsonl"
+run_np 1 "$mpiddp" train "${train[@]}" --epochs 1 --batch-size 16 --log-every 7 --flops-per-sample 1e6 \
+  --tensorboard "$tmp/tbf" --metrics "$tmp/f.jsonl"
+check "linear --flops-per-sample 1e6: exit 0, progress lines show FLOP/s and, on the CPU, no MFU" \
+  bash -c "[ $rc -eq 0 ] && grep -q ' [0-9.]* [kMGTP]\?FLOP/s, ETA ' <<<\"\$0\" && ! grep -q MFU <<<\"\$0\"" "$out"
+check "linear --flops-per-sample 1e6: every scalar read back equals the JSON metrics" read_back "$tmp/tbf" "$tmp/f.jsonl"
+check "linear --flops-per-sample 1e6: flops_per_s = samples/s x 1e6 in every record, no mfu" py - "$tmp/f.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert {r["kind"] for r in rows} == {"log", "epoch"}, rows
+assert all(abs(r["flops_per_s"] - 1e6 * r["samples_per_s"]) <= 1e-9 * r["flops_per_s"] and "mfu" not in r
+           for r in rows), rows
+PY
 # Token data (the built-in GPT on llm.c shards): tokens/s, in the JSON lines and the event files,
 # is samples/s times the block size.
 printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 1 60) >"$tmp/text.txt"
@@ -53,6 +68,7 @@ run_np 2 "$mpiddp" train --model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-
   --data "$tmp/tok_train_000001.bin" --test-data "$tmp/tok_val_000000.bin" --batch-size 4 --epochs 2 --log-every 2 \
   --threads 1 --tensorboard "$tmp/tbg" --metrics "$tmp/g.jsonl"
 check "gpt np2: exit 0" [ "$rc" -eq 0 ]
+gpt_out=$out
 check "gpt np2: every scalar read back equals the JSON metrics (tokens/s among them)" read_back "$tmp/tbg" "$tmp/g.jsonl"
 check "gpt np2: tokens/s = samples/s x block size in every record, train/ and epoch/" py - "$tmp/g.jsonl" <<'PY'
 import json, sys
@@ -61,6 +77,22 @@ kinds = {r["kind"] for r in rows if "tokens_per_s" in r}
 ok = all(abs(r["tokens_per_s"] - 16 * r["samples_per_s"]) <= 1e-6 * r["tokens_per_s"] for r in rows)
 sys.exit(0 if ok and kinds == {"log", "epoch"} and all("tokens_per_s" in r for r in rows) else 1)
 PY
+check "gpt np2: FLOP/s = samples/s x nanoGPT's (6N + 12 L C T) T in every record; no MFU on the CPU" \
+  py - "$tmp/g.jsonl" <<'PY'
+import json, sys
+V, L, C, T = 256, 1, 16, 16
+# Parameters without wpe (nanoGPT's non_embedding count): wte (tied to lm_head, once); per block two
+# LayerNorms, c_attn, attn.c_proj, c_fc, mlp.c_proj with biases; ln_f.
+N = V * C + L * (2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)) + 2 * C
+per_sample = (6 * N + 12 * L * C * T) * T
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert {r["kind"] for r in rows} == {"log", "epoch"}, rows
+for r in rows:
+    assert abs(r["flops_per_s"] - per_sample * r["samples_per_s"]) <= 1e-9 * r["flops_per_s"], (r, per_sample)
+    assert "mfu" not in r, r
+PY
+check "gpt np2: progress lines show FLOP/s, and no MFU on the CPU" \
+  bash -c "grep -q '^epoch .* tokens/s), [0-9.]* [kMGTP]\?FLOP/s, ETA ' <<<\"\$0\" && ! grep -q MFU <<<\"\$0\"" "$gpt_out"
 
 # The reader is not blind: one flipped bit in the middle of the file fails its CRC check.
 cp -r "$tmp/tb2" "$tmp/tbx"

@@ -1,0 +1,185 @@
+// `mpiddp launch [OPTIONS] [--] COMMAND ARGS...`: under mpirun, srun or LLsub, each rank runs
+// COMMAND (a torchrun-style Python script) as its child with torchrun's environment derived from
+// MPI alone. The rendezvous store's port is one the kernel picked for rank 0's launcher (sent by
+// MPI_Bcast, held until the store takes it: no port race); rank 0's worker serves the store, or
+// with --store launcher rank 0's launcher does, as torchrun's agent does. A child that fails ends
+// the whole job with its status; the signals a launcher receives reach its child.
+#include <mpiddp/error.hpp>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "app/cli.hpp"
+#include "app/launch.hpp"
+#include "comm/served_store.hpp"
+#include "common/check.hpp"
+#include "runtime/child_process.hpp"
+
+extern char** environ;
+
+namespace mpiddp::app {
+namespace {
+
+constexpr int kExitCannotRun = 127;  // as a shell says of a command it cannot run
+constexpr auto kStoreTimeout = std::chrono::minutes(30);
+
+const char* const kUsage =
+    "usage: mpirun -np N mpiddp launch [options] [--] COMMAND [ARGS...]\n\n"
+    "Runs COMMAND on every rank with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,\n"
+    "LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR,\n"
+    "MASTER_PORT, TORCHELASTIC_*) derived from MPI: a script that calls\n"
+    "torch.distributed.init_process_group() with env:// runs unchanged, on a port rank 0's launcher\n"
+    "picked and holds for its store. OMP_NUM_THREADS, when unset, is this node's cores shared among\n"
+    "its ranks; on several nodes GLOO_SOCKET_IFNAME, when unset, is the interface that reaches rank 0.\n"
+    "A command that fails on one rank ends the job with its exit status; SIGTERM, SIGINT, SIGHUP,\n"
+    "SIGUSR1, SIGUSR2 and SIGCONT are passed on to the command.\n\n";
+
+std::string command_text(const std::vector<std::string>& command) {
+  std::string text;
+  for (const auto& w : command) text += (text.empty() ? "" : " ") + w;
+  return text.size() > 200 ? text.substr(0, 197) + "..." : text;
+}
+
+// Rank 0's interfaces, on every rank.
+std::vector<Ipv4Interface> rank0_interfaces(const Runtime& rt) {
+  std::vector<uint32_t> flat;
+  if (rt.rank() == 0) {
+    for (const auto& f : ipv4_interfaces()) flat.insert(flat.end(), {f.address, f.netmask});
+  }
+  int n = static_cast<int>(flat.size());
+  MPIDDP_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, rt.world()));
+  flat.resize(static_cast<size_t>(n));
+  MPIDDP_CHECK_MPI(MPI_Bcast(flat.data(), n, MPI_UINT32_T, 0, rt.world()));
+  std::vector<Ipv4Interface> out;
+  for (size_t i = 0; i + 1 < flat.size(); i += 2) out.push_back({"", flat[i], flat[i + 1]});
+  return out;
+}
+
+// Where this node's workers dial rank 0's store, and the interface Gloo should use to reach the
+// others ("" : let Gloo decide). One node: the loopback. Several: --master-addr, else the address of
+// rank 0 on a subnet this node is on (names that resolve to 127.0.1.1, or not at all, do not
+// matter), else rank 0's hostname. Collective.
+std::pair<std::string, std::string> master_address(const Runtime& rt, const std::string& given) {
+  if (rt.node_count() == 1) return {given.empty() ? "127.0.0.1" : given, ""};
+  const auto rank0 = rank0_interfaces(rt);
+  const auto shared = shared_subnet(rank0, ipv4_interfaces());
+  if (!given.empty()) return {given, shared ? shared->my_interface : ""};
+  if (shared) return {ipv4_text(shared->rank0_address), shared->my_interface};
+  return {rt.hostnames()[0], ""};
+}
+
+// SLURM_JOB_ID when Slurm runs the job, else one made up on rank 0. Collective.
+std::string run_id(const Runtime& rt) {
+  std::string id;
+  if (rt.rank() == 0) {
+    const char* job = std::getenv("SLURM_JOB_ID");
+    id = job && *job ? job : "mpiddp-" + rt.hostname() + "-" + std::to_string(::getpid());
+  }
+  return allgather_strings(rt.world(), id)[0];
+}
+
+std::vector<std::string> own_environment() {
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) out.emplace_back(*e);
+  return out;
+}
+
+// "rank R (host): NAME=value ..." of the variables launch set, rank 0 printing every rank's in order.
+void print_contracts(const Runtime& rt, const std::vector<std::string>& env, const EnvPairs& names) {
+  std::ostringstream line;
+  line << "rank " << rt.rank() << " (" << rt.hostname() << "):";
+  for (const auto& [name, value] : names) {
+    for (const auto& entry : env) {
+      if (entry.compare(0, name.size() + 1, name + "=") == 0) line << " " << entry;
+    }
+  }
+  const auto lines = gather_strings(rt.world(), line.str());
+  if (rt.rank() == 0) {
+    for (const auto& l : lines) std::cout << l << "\n";
+    std::cout << std::flush;
+  }
+}
+
+}  // namespace
+
+int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
+  std::string given_addr, store_host = "worker";
+  bool print_env = false;
+  po::options_description options("launch options");
+  options.add_options()("help,h", "show this help")(
+      "master-addr", po::value(&given_addr),
+      "the address the workers dial for rank 0's store (default: 127.0.0.1 on one node, else rank 0's "
+      "address on a subnet each node shares with it, else its hostname)")(
+      "store", po::value(&store_host)->default_value("worker"),
+      "who serves the workers' rendezvous store: worker (rank 0's command, on a port its launcher "
+      "holds for it; any torch) | launcher (rank 0's launcher, torchrun's agent store; the command's "
+      "torch must be the version mpiddp was built with)")(
+      "print-env", po::bool_switch(&print_env), "print what each rank's command gets (rank 0, in rank order)");
+  std::set<std::string> taking_values;
+  for (const auto& o : options.options()) {
+    if (o->semantic()->max_tokens() > 0) taking_values.insert("--" + o->long_name());
+  }
+  const LaunchArgs split = split_launch_args(args, taking_values);
+  po::variables_map vm;
+  auto parse = [&] {
+    vm = parse_options(options, split.options);
+    MPIDDP_CHECK(store_host == "worker" || store_host == "launcher",
+                 "unknown --store '" + store_host + "' (worker, launcher)");
+    MPIDDP_CHECK(vm.count("help") || !split.command.empty(),
+                 "no command to run (usage: mpirun -np N mpiddp launch [options] -- COMMAND [ARGS...])");
+  };
+  if (auto code = agree_on_local_phase(runtime, "launch", parse)) return *code;
+  if (vm.count("help")) {
+    print_help(runtime, kUsage, options);
+    return kExitOk;
+  }
+
+  // Collective set-up: the store's port, the address the workers dial, the run's name.
+  const StoreHost host = store_host == "launcher" ? StoreHost::kLauncher : StoreHost::kWorker;
+  detail::ServedStore store;
+  std::unique_ptr<ReservedPort> reserved;
+  if (host == StoreHost::kLauncher) {
+    store = detail::serve_store(runtime, "127.0.0.1", runtime.size(), kStoreTimeout, "mpiddp launch");
+  } else {
+    if (auto code = agree_on_local_phase(runtime, "launch", [&] {
+          if (runtime.rank() == 0) reserved = std::make_unique<ReservedPort>();
+        }, kExitFailure)) {
+      return *code;
+    }
+    store.port = reserved ? reserved->port() : 0;
+    MPIDDP_CHECK_MPI(MPI_Bcast(&store.port, 1, MPI_INT, 0, runtime.world()));
+  }
+  const auto [master_addr, gloo_interface] = master_address(runtime, given_addr);
+  const WorkerContract contract{runtime.topology(), master_addr, store.port, run_id(runtime), host};
+  const EnvPairs set = torchrun_environment(contract);
+  EnvPairs defaults = {{"OMP_NUM_THREADS", std::to_string(fair_share_of_cores(runtime.local_size()))}};
+  if (!gloo_interface.empty()) defaults.emplace_back("GLOO_SOCKET_IFNAME", gloo_interface);
+  const auto env = worker_environment(own_environment(), set, defaults);
+  if (print_env) {
+    EnvPairs shown = set;
+    shown.insert(shown.end(), defaults.begin(), defaults.end());
+    print_contracts(runtime, env, shown);
+  }
+
+  std::unique_ptr<detail::ChildProcess> child;
+  auto start = [&] {
+    child = std::make_unique<detail::ChildProcess>(split.command, env);
+    child->forward_signals();
+  };
+  if (auto code = agree_on_local_phase(runtime, "launch", start, kExitCannotRun)) return *code;  // ~child ends any started
+
+  const detail::ChildExit end = child->wait();
+  if (end.ok()) return kExitOk;  // MPI_Finalize waits for the other ranks (rank 0 keeps serving the store)
+  // Ended from outside (scancel, mpirun ending the job): no report, no MPI_Abort of our own; the
+  // other ranks are being ended too, so MPI_Finalize could wait for ranks that are gone.
+  if (detail::ChildProcess::ending_signal_passed_on()) std::_Exit(end.shell_status());
+  std::cerr << "mpiddp launch: error: rank " << runtime.rank() << " (" << runtime.hostname() << "): '"
+            << command_text(split.command) << "' " << end.text() << std::endl;
+  runtime.abort(end.shell_status());
+}
+
+}  // namespace mpiddp::app

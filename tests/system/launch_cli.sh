@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# `mpiddp launch` runs torchrun-style Python scripts, unchanged, from MPI alone (the test Python:
+# Debian's, the chroot's or the pip venv's torch): a DDP script (gloo, env://, DistributedSampler)
+# at 1-4 ranks equals one process on the global batch (1e-5) with either store host; the env
+# contract each rank gets; a SuperCloud-style hello world; a rank that fails or dies ends the job
+# with its status and leaves nothing running; SIGUSR1 and SIGTERM reach every child; bad input in
+# one line. usage: launch_cli.sh MPIDDP_BINARY
+source "$(dirname "$0")/lib.sh"
+mpiddp=$1
+here=$(cd "$(dirname "$0")/../python" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+MPIDDP_TEST_DEADLINE=60
+cores=$(nproc)
+alive() { local f; for f in "$@"; do kill -0 "$(cat "$f")" 2>/dev/null && return 0; done; return 1; }
+same_params() {  # same_params A.json B.json: every parameter within 1e-5
+  py - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a.keys() == b.keys()
+d = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+assert d <= 1e-5, d
+PY
+}
+
+# ---- a torchrun-style DDP script equals one process on the global batch --------------------------
+for n in 1 2 3 4; do
+  run_np "$n" "$mpiddp" launch -- "$TEST_PYTHON" "$here/torchrun_ddp.py" "$tmp/ddp$n.json"
+  check "ddp np$n: exit 0" [ "$rc" -eq 0 ]
+  py "$here/torchrun_ddp.py" "$tmp/ref$n.json" --reference "$n"
+  check "ddp np$n: parameters equal one process on the global batch (1e-5)" same_params "$tmp/ddp$n.json" "$tmp/ref$n.json"
+  threads=$((cores / n)); [ $threads -ge 1 ] || threads=1
+  want=""
+  for r in $(seq 0 $((n - 1))); do
+    want+="RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n GROUP_RANK=0 GROUP_WORLD_SIZE=1 ROLE_RANK=$r ROLE_WORLD_SIZE=$n OMP_NUM_THREADS=$threads"$'\n'
+  done
+  check "ddp np$n: each rank told its rank, node-local rank, node and threads" \
+    [ "$(cat "$tmp/ddp$n.json".rank* | grep -o 'RANK=.*')" = "${want%$'\n'}" ]
+done
+OMP_NUM_THREADS=1 run_np 2 "$mpiddp" launch --store launcher -- "$TEST_PYTHON" "$here/torchrun_ddp.py" "$tmp/agent.json"
+check "--store launcher (torchrun's agent store): exit 0" [ "$rc" -eq 0 ]
+check "--store launcher: the same parameters" same_params "$tmp/agent.json" "$tmp/ref2.json"
+check "an OMP_NUM_THREADS the job sets is kept" [ "$(cat "$tmp/agent.json".rank* | grep -c 'OMP_NUM_THREADS=1$')" -eq 2 ]
+
+run_np 2 "$mpiddp" launch --print-env -- "$TEST_PYTHON" "$here/supercloud_hello.py"
+check "SuperCloud's hello world: exit 0" [ "$rc" -eq 0 ]
+check "SuperCloud's hello world: each rank of 2, all-reduced" \
+  [ "$(grep -c -E "^$(hostname): [01] of 2, all_reduce 2$" <<<"$out")" -eq 2 ]
+check "--print-env: rank 0 prints both ranks in order" \
+  [ "$(grep -o '^rank [0-9] ([^)]*): RANK=[0-9]' <<<"$out" | tr '\n' ' ')" = "rank 0 ($(hostname)): RANK=0 rank 1 ($(hostname)): RANK=1 " ]
+check "--print-env: one port, the loopback on one node, no agent store" bash -c '
+  [ "$(grep -o "MASTER_ADDR=[^ ]* MASTER_PORT=[0-9]*" <<<"$1" | sort -u | wc -l)" -eq 1 ] &&
+  grep -q "MASTER_ADDR=127.0.0.1 " <<<"$1" && ! grep -q TORCHELASTIC_USE_AGENT_STORE <<<"$1"' _ "$out"
+
+# ---- a failing or dying rank ends the job with its status, nothing left running ------------------
+start=$SECONDS
+run_np 3 "$mpiddp" launch -- "$TEST_PYTHON" "$here/launch_worker.py" fail "$tmp" 1 3
+check "rank 1 exits 3: the job exits 3" [ "$rc" -eq 3 ]
+check "rank 1 exits 3: ended within 20 s (the others would sleep 120 s)" [ $((SECONDS - start)) -le 20 ]
+check "rank 1 exits 3: named" contains "mpiddp launch: error: rank 1 ($(hostname)): '.*launch_worker.py fail .* 1 3' exited with status 3" "$err"
+check "rank 1 exits 3: all 3 workers had started" [ "$(ls "$tmp"/rank*.pid | wc -l)" -eq 3 ]
+check "rank 1 exits 3: no worker left running" fails alive "$tmp"/rank*.pid
+rm -f "$tmp"/rank*.pid
+start=$SECONDS
+run_np 3 "$mpiddp" launch -- "$TEST_PYTHON" "$here/launch_worker.py" kill "$tmp" 2
+check "rank 2 killed by SIGKILL: the job exits 137" [ "$rc" -eq 137 ]
+check "rank 2 killed: ended within 20 s" [ $((SECONDS - start)) -le 20 ]
+check "rank 2 killed: named" contains "rank 2 .* was killed by signal 9" "$err"
+check "rank 2 killed: all 3 workers had started" [ "$(ls "$tmp"/rank*.pid | wc -l)" -eq 3 ]
+check "rank 2 killed: no worker left running" fails alive "$tmp"/rank*.pid
+
+# ---- SIGUSR1 (a preemption notice) and SIGTERM reach every child ----------------------------------
+mkdir "$tmp/sig"
+start_bg 2 "$mpiddp" launch -- "$TEST_PYTHON" "$here/launch_worker.py" signals "$tmp/sig"
+for _ in $(seq 150); do [ -f "$tmp/sig/rank0.ready" ] && [ -f "$tmp/sig/rank1.ready" ] && break; sleep 0.2; done
+mpirun_pid=$(pgrep -P "$bg" | head -1)
+kill -USR1 "$mpirun_pid"
+for _ in $(seq 50); do [ -f "$tmp/sig/rank0.SIGUSR1" ] && [ -f "$tmp/sig/rank1.SIGUSR1" ] && break; sleep 0.2; done
+check "SIGUSR1 to mpirun reaches both commands" [ -f "$tmp/sig/rank0.SIGUSR1" ] && [ -f "$tmp/sig/rank1.SIGUSR1" ]
+check "after SIGUSR1 the commands go on" kill -0 "$mpirun_pid"
+kill -TERM "$mpirun_pid"
+wait_bg
+check "SIGTERM to mpirun reaches both commands" [ -f "$tmp/sig/rank0.SIGTERM" ] && [ -f "$tmp/sig/rank1.SIGTERM" ]
+check "SIGTERM: the job ended, not timed out" not_timed_out
+check "SIGTERM: no command left running" fails pgrep -f "launch_worker.py signals $tmp/sig"
+
+# ---- bad input: one line, a non-zero exit on every rank, no hang ----------------------------------
+run_np 2 "$mpiddp" launch
+check "no command: exit 2" [ "$rc" -eq 2 ]
+check "no command: one line" one_line "$err"
+check "no command: says so" contains "mpiddp launch: error: no command to run" "$err"
+run_np 2 "$mpiddp" launch --store nowhere -- true
+check "unknown --store: one line, exit 2" bash -c '[ "$1" -eq 2 ]' _ "$rc" && one_line "$err"
+run_np 2 "$mpiddp" launch -- "$tmp/no-such-command" x
+check "a command not found: exit 127" [ "$rc" -eq 127 ]
+check "a command not found: one line" one_line "$err"
+check "a command not found: says why" contains "cannot run '$tmp/no-such-command': No such file or directory$" "$err"
+printf 'not a program\n' >"$tmp/not-executable"
+start=$SECONDS
+# shellcheck disable=SC2086
+timeout -k 5 "$MPIDDP_TEST_DEADLINE" "$MPIEXEC" $MPIEXEC_FLAGS -n 1 "$mpiddp" launch -- sleep 30 : \
+  -n 1 "$mpiddp" launch -- "$tmp/not-executable" >"$tmp/o" 2>"$tmp/e"
+rc=$? err=$(cat "$tmp/e")
+check "a command that cannot start on rank 1 only: exit 127" [ "$rc" -eq 127 ]
+check "... one line naming rank 1" bash -c 'grep -q "cannot run .*not-executable.: Permission denied \[rank 1\]$" <<<"$1"' _ "$err" && one_line "$err"
+check "... rank 0's started command ended with it (no 30 s wait)" [ $((SECONDS - start)) -le 15 ]
+SLURM_NTASKS=2 run_alone "$mpiddp" launch -- true
+check "srun without PMI: one line, non-zero exit" failed_cleanly && one_line "$err"
+finish
