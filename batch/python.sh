@@ -9,6 +9,7 @@
 #   MPIDDP_PYTHON    the Python with your torch (default: python3 on PATH after the modules)
 #   MPIDDP_SCRIPT    the script and its arguments (default: train.py in the submit directory)
 #   MPIDDP_LAUNCH_ARGS  extra `mpiddp launch` options (e.g. --print-env)
+#   MPIDDP_LAUNCHER  mpirun (default) | srun (Slurm's own launch through PMIx: srun --mpi=$MPIDDP_MPI, default pmix)
 #SBATCH -N 2
 #SBATCH --ntasks-per-node=2
 #SBATCH --gres=gpu:volta:2
@@ -28,4 +29,8 @@ MPI_FLAGS="--tag-output --bind-to none"  # the script's torch threads (OMP_NUM_T
 python=${MPIDDP_PYTHON:-python3}
 # shellcheck disable=SC2206
 script=(${MPIDDP_SCRIPT:-train.py})
-mpirun ${MPI_FLAGS} mpiddp launch ${MPIDDP_LAUNCH_ARGS:-} -- "$python" "${script[@]}"
+if [ "${MPIDDP_LAUNCHER:-mpirun}" = srun ]; then
+  srun --mpi="${MPIDDP_MPI:-pmix}" mpiddp launch ${MPIDDP_LAUNCH_ARGS:-} -- "$python" "${script[@]}"
+else
+  mpirun ${MPI_FLAGS} mpiddp launch ${MPIDDP_LAUNCH_ARGS:-} -- "$python" "${script[@]}"
+fi

@@ -88,6 +88,13 @@ else
 fi
 
 # ---- python.sh: a torchrun-style DDP script under `mpiddp launch` on 2 nodes x 2 ranks -------------
+same_params() {  # same_params A.json B.json: every parameter within 1e-5
+  py - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert max(abs(x - y) for k in a for x, y in zip(a[k], b[k])) <= 1e-5
+PY
+}
 MPIDDP_PYTHON=$TEST_PYTHON MPIDDP_LAUNCH_ARGS=--print-env MPIDDP_SCRIPT="$src/tests/python/torchrun_ddp.py $tmp/python-ddp.json" \
   slurm_submit_wait "$src/batch/python.sh" -N 2 --gres=none
 out=$(job_log)
@@ -99,11 +106,15 @@ check "python.sh: GROUP_RANK 0 0 1 1 on node1 node1 node2 node2" bash -c '
 check "python.sh: every rank dials node1's address on the nodes' subnet" \
   [ "$(grep -o "MASTER_ADDR=[^ ]*" <<<"$out" | sort | uniq -c | awk '{print $1, $2}')" = "4 MASTER_ADDR=$SLURM_TEST_NET.11" ]
 py "$src/tests/python/torchrun_ddp.py" "$tmp/python-ref.json" --reference 4
-check "python.sh: parameters equal one process on the global batch (1e-5)" py - "$tmp/python-ddp.json" "$tmp/python-ref.json" <<'PY'
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:3])
-assert max(abs(x - y) for k in a for x, y in zip(a[k], b[k])) <= 1e-5
-PY
+check "python.sh: parameters equal one process on the global batch (1e-5)" same_params "$tmp/python-ddp.json" "$tmp/python-ref.json"
+
+if srun --mpi=list 2>&1 | grep -q pmix; then
+  MPIDDP_LAUNCHER=srun MPIDDP_PYTHON=$TEST_PYTHON MPIDDP_SCRIPT="$src/tests/python/torchrun_ddp.py $tmp/srun-ddp.json" \
+    slurm_submit_wait "$src/batch/python.sh" -N 2 --gres=none
+  check "python.sh under srun --mpi=pmix: job completed" [ "$rc" -eq 0 ]
+  check "python.sh under srun: the same parameters" same_params "$tmp/srun-ddp.json" "$tmp/python-ref.json"
+  check "python.sh under srun: GROUP_RANK 0 0 1 1" [ "$(cat "$tmp/srun-ddp.json".rank* | grep -o "GROUP_RANK=[01]" | tr '\n' ' ')" = "GROUP_RANK=0 GROUP_RANK=0 GROUP_RANK=1 GROUP_RANK=1 " ]
+fi
 
 # ---- preempt.sh: SIGUSR1 -> snapshot -> requeue -> resume -----------------------------------------
 job=$(MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-pre MPIDDP_EPOCHS=300 sbatch --parsable -N 2 "$src/batch/preempt.sh")
