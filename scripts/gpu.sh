@@ -20,7 +20,8 @@
 #   train    mpiddp train --device cuda --backend nccl --model cnn on Fashion-MNIST (>= 90% test
 #            accuracy), a TorchScript model, bf16 and fp16 mixed precision; the CNN at 2 ranks sharing
 #            the GPU resumed bitwise; the built-in GPT on CUDA (fp32, bf16) against its CPU run; ZeRO
-#            stage 2 on CUDA at 2 ranks resumed bitwise
+#            stage 2 on CUDA at 2 ranks resumed bitwise; the GPT's own MFU in its record; a
+#            torchrun-style DDP script under `mpiddp launch` with NCCL
 #   figures  samples/s on the GPU, side by side, ROUNDS rounds (env GPU_ROUNDS, default 3): mpiddp
 #            (nccl, 1 rank) and Python PyTorch DDP (nccl, 1 rank, eager) for the CNN, a 20 M-parameter
 #            MLP and torchvision's ResNet-18 (scripted for mpiddp); the GPT at GPT-2 small's shape
@@ -277,6 +278,24 @@ if has train; then
     run_check "train gpt --device cuda --precision ${p%:*}: test loss $got within ${p#*:} of the CPU run's $ref" \
       within "$got" "$ref" "${p#*:}"
   done
+  # MFU in mpiddp's own record (issue 41): the bf16 run's epoch line carries flops_per_s and mfu, the
+  # latter flops_per_s over the H100's/H200's dense bf16 peak (989 TFLOP/s, one rank).
+  run_check "train gpt --precision bf16: its record's mfu is flops_per_s / 989 TFLOP/s" $py - "$logs/gpt_cuda_bf16.jsonl" <<'PY'
+import json, sys
+e = [x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "epoch"][-1]
+print(f"flops_per_s {e['flops_per_s']:.4g}, mfu {e['mfu']:.4f}")
+assert 0 < e["mfu"] < 1 and abs(e["mfu"] - e["flops_per_s"] / 989e12) <= 1e-9 * e["mfu"]
+PY
+  # A torchrun-style DDP script under `mpiddp launch` with NCCL on the GPU (1 rank: NCCL refuses two
+  # ranks on one GPU) equals one process on the global batch.
+  mpirun --oversubscribe -n 1 "$mpiddp" launch -- $py tests/python/torchrun_ddp.py "$work/launch.json" --nccl
+  $py tests/python/torchrun_ddp.py "$work/launch_ref.json" --reference 1
+  run_check "launch -- python torchrun_ddp.py --nccl (cuda): the parameters of one process (1e-5)" $py - \
+    "$work/launch.json" "$work/launch_ref.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert max(abs(x - y) for k in a for x, y in zip(a[k], b[k])) <= 1e-5
+PY
   # ZeRO stage 2 on CUDA: 2 ranks sharing the GPU (mpi group), snapshots of the gathered optimizer
   # state every 20 steps, a run resumed from step 20 ends bitwise where the whole run ends.
   resume_check "train gpt --zero-stage 2 cuda np2 (mpi)" "$work/zsnap" 20 train "${gpt_small[@]}" "${gpt_run[@]}" \

@@ -3,7 +3,7 @@ and world from torchrun's environment, init_process_group("gloo") by env://, Dis
 DistributedDataParallel. Trains a small regression model on a fixed synthetic set; rank 0 writes
 the final parameters (JSON) and every rank prints what it was told (and writes it to OUT.rankR).
 
-  python torchrun_ddp.py OUT.json            (under torchrun or `mpiddp launch`)
+  python torchrun_ddp.py OUT.json [--nccl]   (under torchrun or `mpiddp launch`; --nccl: NCCL on cuda:LOCAL_RANK)
   python torchrun_ddp.py OUT.json --reference RANKS
       one process, no torch.distributed: the same steps with the global batch of RANKS ranks
       (DistributedSampler without shuffling gives step s the samples s*b*RANKS ... (s+1)*b*RANKS-1,
@@ -34,12 +34,13 @@ def model():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
 
 
-def train(net, loader, sampler=None):
+def train(net, loader, sampler=None, device="cpu"):
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(EPOCHS):
         if sampler is not None:
             sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             opt.zero_grad()
             torch.nn.functional.mse_loss(net(x), y).backward()
             opt.step()
@@ -59,7 +60,11 @@ def main():
         save(net, out)
         return
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    nccl = "--nccl" in sys.argv
+    device = f"cuda:{local}" if nccl else "cpu"
+    if nccl:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if nccl else "gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     assert dist.get_rank() == rank and dist.get_world_size() == world
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
              "ROLE_RANK", "ROLE_WORLD_SIZE", "OMP_NUM_THREADS")
@@ -69,9 +74,9 @@ def main():
         f.write(told + "\n")
     ds = data()
     sampler = DistributedSampler(ds, shuffle=False)
-    net = DDP(model())
-    train(net, DataLoader(ds, batch_size=BATCH, sampler=sampler), sampler)
-    t = torch.tensor([float(local)])
+    net = DDP(model().to(device), device_ids=[local] if nccl else None)
+    train(net, DataLoader(ds, batch_size=BATCH, sampler=sampler), sampler, device)
+    t = torch.tensor([float(local)], device=device)
     dist.all_reduce(t)  # every rank reached the end
     if rank == 0:
         save(net.module, out)
