@@ -58,15 +58,41 @@ std::string ipv4_text(uint32_t address) {
   return text;
 }
 
-std::optional<SharedSubnet> shared_subnet(const std::vector<Ipv4Interface>& rank0, const std::vector<Ipv4Interface>& mine) {
-  for (const auto& theirs : rank0) {
+namespace {
+bool same_subnet(const Ipv4Interface& a, const Ipv4Interface& b) {
+  return b.netmask != 0 && (a.address & b.netmask) == (b.address & b.netmask);
+}
+}  // namespace
+
+uint64_t reachable_rank0_interfaces(const std::vector<Ipv4Interface>& rank0, const std::vector<Ipv4Interface>& mine,
+                                    bool on_rank0s_node) {
+  uint64_t bits = 0;
+  for (size_t i = 0; i < rank0.size() && i < 64; ++i) {
+    bool reached = false, held_here = false;
     for (const auto& ours : mine) {
-      if (ours.netmask != 0 && (theirs.address & ours.netmask) == (ours.address & ours.netmask)) {
-        return SharedSubnet{theirs.address, ours.name};
-      }
+      reached = reached || same_subnet(rank0[i], ours);
+      held_here = held_here || ours.address == rank0[i].address;
     }
+    if (reached && (on_rank0s_node || !held_here)) bits |= uint64_t{1} << i;
+  }
+  return bits;
+}
+
+std::optional<size_t> first_interface(uint64_t mask) {
+  for (size_t i = 0; i < 64; ++i) {
+    if (mask & (uint64_t{1} << i)) return i;
   }
   return std::nullopt;
+}
+
+std::string interface_towards(const Ipv4Interface& theirs, const std::vector<Ipv4Interface>& mine) {
+  for (const auto& ours : mine) {
+    if (ours.address == theirs.address) return ours.name;
+  }
+  for (const auto& ours : mine) {
+    if (same_subnet(theirs, ours)) return ours.name;
+  }
+  return "";
 }
 
 ReservedPort::ReservedPort() {

@@ -32,13 +32,18 @@ struct Ipv4Interface {
 std::vector<Ipv4Interface> ipv4_interfaces();
 std::string ipv4_text(uint32_t address);
 
-/// The first of rank 0's interfaces on a subnet that one of `mine` is on (reached without a
-/// router, whatever the names resolve to), with `mine`'s interface on it; nullopt when none is.
-struct SharedSubnet {
-  uint32_t rank0_address = 0;
-  std::string my_interface;
-};
-std::optional<SharedSubnet> shared_subnet(const std::vector<Ipv4Interface>& rank0, const std::vector<Ipv4Interface>& mine);
+/// Which of rank 0's interfaces (at most 64) a node can use to reach rank 0: bit i for rank0[i] when
+/// one of `mine` is on its subnet (reached without a router, whatever names resolve to) and, on
+/// another node than rank 0's, its address is not one of `mine` (a bridge every node has, such as
+/// docker0, holds the same address everywhere and leads nowhere). The job uses the first interface
+/// every node can (the AND of every rank's bits).
+uint64_t reachable_rank0_interfaces(const std::vector<Ipv4Interface>& rank0, const std::vector<Ipv4Interface>& mine,
+                                    bool on_rank0s_node);
+/// The lowest bit set in `mask` (nullopt: none).
+std::optional<size_t> first_interface(uint64_t mask);
+/// The name of this node's interface towards `theirs`: the one holding its address, else the first on
+/// its subnet ("" when none is).
+std::string interface_towards(const Ipv4Interface& theirs, const std::vector<Ipv4Interface>& mine);
 
 /// A TCP port the kernel picked, held bound (SO_REUSEADDR, not listening) so that nothing else is
 /// given it, while a worker's store may still bind and listen on it (SO_REUSEADDR there too, as

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "app/cli.hpp"
 #include "app/launch.hpp"
@@ -24,7 +25,6 @@ extern char** environ;
 namespace mpiddp::app {
 namespace {
 
-constexpr int kExitCannotRun = 127;  // as a shell says of a command it cannot run
 constexpr auto kStoreTimeout = std::chrono::minutes(30);
 
 const char* const kUsage =
@@ -34,7 +34,8 @@ const char* const kUsage =
     "MASTER_PORT, TORCHELASTIC_*) derived from MPI: a script that calls\n"
     "torch.distributed.init_process_group() with env:// runs unchanged, on a port rank 0's launcher\n"
     "picked and holds for its store. OMP_NUM_THREADS, when unset, is this node's cores shared among\n"
-    "its ranks; on several nodes GLOO_SOCKET_IFNAME, when unset, is the interface that reaches rank 0.\n"
+    "its ranks; USE_LIBUV, when unset, 0 (the store every torch build has); on several nodes\n"
+    "GLOO_SOCKET_IFNAME, when unset, is the interface that reaches rank 0.\n"
     "A command that fails on one rank ends the job with its exit status; SIGTERM, SIGINT, SIGHUP,\n"
     "SIGUSR1, SIGUSR2 and SIGCONT are passed on to the command.\n\n";
 
@@ -44,31 +45,34 @@ std::string command_text(const std::vector<std::string>& command) {
   return text.size() > 200 ? text.substr(0, 197) + "..." : text;
 }
 
-// Rank 0's interfaces, on every rank.
+// Rank 0's interfaces (with their names), on every rank. Collective.
 std::vector<Ipv4Interface> rank0_interfaces(const Runtime& rt) {
-  std::vector<uint32_t> flat;
+  std::ostringstream text;
   if (rt.rank() == 0) {
-    for (const auto& f : ipv4_interfaces()) flat.insert(flat.end(), {f.address, f.netmask});
+    for (const auto& f : ipv4_interfaces()) text << f.name << ' ' << f.address << ' ' << f.netmask << '\n';
   }
-  int n = static_cast<int>(flat.size());
-  MPIDDP_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, rt.world()));
-  flat.resize(static_cast<size_t>(n));
-  MPIDDP_CHECK_MPI(MPI_Bcast(flat.data(), n, MPI_UINT32_T, 0, rt.world()));
+  std::istringstream in(allgather_strings(rt.world(), text.str())[0]);
   std::vector<Ipv4Interface> out;
-  for (size_t i = 0; i + 1 < flat.size(); i += 2) out.push_back({"", flat[i], flat[i + 1]});
+  Ipv4Interface f;
+  while (in >> f.name >> f.address >> f.netmask) out.push_back(f);
   return out;
 }
 
 // Where this node's workers dial rank 0's store, and the interface Gloo should use to reach the
-// others ("" : let Gloo decide). One node: the loopback. Several: --master-addr, else the address of
-// rank 0 on a subnet this node is on (names that resolve to 127.0.1.1, or not at all, do not
-// matter), else rank 0's hostname. Collective.
+// others ("": let Gloo decide). One node: the loopback. Several: the first of rank 0's interfaces
+// that every node reaches (launch.hpp: no name resolution, so names that resolve to 127.0.1.1 or not
+// at all do not matter); --master-addr overrides its address; without one, rank 0's hostname.
+// Collective.
 std::pair<std::string, std::string> master_address(const Runtime& rt, const std::string& given) {
   if (rt.node_count() == 1) return {given.empty() ? "127.0.0.1" : given, ""};
   const auto rank0 = rank0_interfaces(rt);
-  const auto shared = shared_subnet(rank0, ipv4_interfaces());
-  if (!given.empty()) return {given, shared ? shared->my_interface : ""};
-  if (shared) return {ipv4_text(shared->rank0_address), shared->my_interface};
+  const auto mine = ipv4_interfaces();
+  uint64_t reachable = reachable_rank0_interfaces(rank0, mine, rt.node_rank() == 0);
+  MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &reachable, 1, MPI_UINT64_T, MPI_BAND, rt.world()));
+  const auto common = first_interface(reachable);
+  const std::string gloo_interface = common ? interface_towards(rank0[*common], mine) : "";
+  if (!given.empty()) return {given, gloo_interface};
+  if (common) return {ipv4_text(rank0[*common].address), gloo_interface};
   return {rt.hostnames()[0], ""};
 }
 
@@ -80,6 +84,19 @@ std::string run_id(const Runtime& rt) {
     id = job && *job ? job : "mpiddp-" + rt.hostname() + "-" + std::to_string(::getpid());
   }
   return allgather_strings(rt.world(), id)[0];
+}
+
+// Returns once every rank's command has ended well. Polls every 100 ms instead of spinning in
+// MPI_Barrier: the node's cores belong to the commands still running. A rank whose command fails
+// aborts the job, which ends this wait too.
+void wait_for_every_command(const Runtime& rt) {
+  MPI_Request all_ended;
+  MPIDDP_CHECK_MPI(MPI_Ibarrier(rt.world(), &all_ended));
+  for (int done = 0;;) {
+    MPIDDP_CHECK_MPI(MPI_Test(&all_ended, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 std::vector<std::string> own_environment() {
@@ -112,8 +129,8 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
   po::options_description options("launch options");
   options.add_options()("help,h", "show this help")(
       "master-addr", po::value(&given_addr),
-      "the address the workers dial for rank 0's store (default: 127.0.0.1 on one node, else rank 0's "
-      "address on a subnet each node shares with it, else its hostname)")(
+      "the address the workers dial for rank 0's store (default: 127.0.0.1 on one node, else the first of "
+      "rank 0's interfaces every node reaches on a subnet of its own, else rank 0's hostname)")(
       "store", po::value(&store_host)->default_value("worker"),
       "who serves the workers' rendezvous store: worker (rank 0's command, on a port its launcher "
       "holds for it; any torch) | launcher (rank 0's launcher, torchrun's agent store; the command's "
@@ -143,7 +160,12 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
   detail::ServedStore store;
   std::unique_ptr<ReservedPort> reserved;
   if (host == StoreHost::kLauncher) {
-    store = detail::serve_store(runtime, "127.0.0.1", runtime.size(), kStoreTimeout, "mpiddp launch");
+    // serve_store throws on every rank alike after its broadcast: no rank is left in a collective.
+    if (auto code = agree_on_local_phase(runtime, "launch", [&] {
+          store = detail::serve_store(runtime, "127.0.0.1", runtime.size(), kStoreTimeout, "mpiddp launch");
+        }, kExitFailure)) {
+      return *code;
+    }
   } else {
     if (auto code = agree_on_local_phase(runtime, "launch", [&] {
           if (runtime.rank() == 0) reserved = std::make_unique<ReservedPort>();
@@ -156,7 +178,10 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
   const auto [master_addr, gloo_interface] = master_address(runtime, given_addr);
   const WorkerContract contract{runtime.topology(), master_addr, store.port, run_id(runtime), host};
   const EnvPairs set = torchrun_environment(contract);
-  EnvPairs defaults = {{"OMP_NUM_THREADS", std::to_string(fair_share_of_cores(runtime.local_size()))}};
+  // USE_LIBUV=0: torch 2.x's env:// store asks for its libuv backend unless told otherwise, and fails
+  // where torch was built without it (Debian's python3-torch 2.x); the classic one is in every build.
+  EnvPairs defaults = {{"OMP_NUM_THREADS", std::to_string(fair_share_of_cores(runtime.local_size()))},
+                       {"USE_LIBUV", "0"}};
   if (!gloo_interface.empty()) defaults.emplace_back("GLOO_SOCKET_IFNAME", gloo_interface);
   const auto env = worker_environment(own_environment(), set, defaults);
   if (print_env) {
@@ -173,7 +198,10 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
   if (auto code = agree_on_local_phase(runtime, "launch", start, kExitCannotRun)) return *code;  // ~child ends any started
 
   const detail::ChildExit end = child->wait();
-  if (end.ok()) return kExitOk;  // MPI_Finalize waits for the other ranks (rank 0 keeps serving the store)
+  if (end.ok()) {
+    wait_for_every_command(runtime);  // the store stays until then: other ranks' torch may use it
+    return kExitOk;
+  }
   // Ended from outside (scancel, mpirun ending the job): no report, no MPI_Abort of our own; the
   // other ranks are being ended too, so MPI_Finalize could wait for ranks that are gone.
   if (detail::ChildProcess::ending_signal_passed_on()) std::_Exit(end.shell_status());

@@ -9,12 +9,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 
 namespace mpiddp::detail {
 namespace {
 
+constexpr auto kGraceAfterSigterm = std::chrono::seconds(10);
 constexpr int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT};
 
 // The child the handler passes signals to (one child per process: launch's).
@@ -80,10 +83,21 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::vect
 }
 
 ChildProcess::~ChildProcess() {
-  if (pid_ > 0 && !reaped_) {  // not waited for (an error on the way): it ends with us
-    ::kill(pid_, SIGTERM);
-    wait();
+  if (pid_ <= 0 || reaped_) return;
+  // Not waited for (an error on the way): it ends with us. SIGTERM first, as torchrun does; a
+  // command that ignores it (a handler that only sets a flag) is killed after a grace period.
+  ::kill(pid_, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + kGraceAfterSigterm;
+  int raw = 0;
+  while (::waitpid(pid_, &raw, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &raw, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  if (forward_to.load() == pid_) forward_to.store(-1);
 }
 
 void ChildProcess::forward_signals() {

@@ -27,6 +27,7 @@ class ChildProcess {
   /// entries). The child gets SIGTERM when this process dies. Throws mpiddp::Error (one line) when
   /// the command cannot be started (not found, not executable).
   ChildProcess(const std::vector<std::string>& argv, const std::vector<std::string>& environment);
+  /// A child not waited for gets SIGTERM, and SIGKILL 10 s later if it still runs. Never throws.
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

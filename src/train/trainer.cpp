@@ -86,18 +86,24 @@ class EpochClock {
 // this rank's device's times the ranks: a job's devices are taken to be alike, and rank 0, which
 // reports, names its own. No peak (no MFU) for the CPU or a device or precision flops.hpp lacks.
 detail::Throughput throughput_of(const TrainerOptions& o, const Model& model, const detail::Task& task,
-                                 int world_size) {
+                                 const Runtime& runtime) {
   detail::Throughput t;
   t.tokens_per_sample = task.tokens_per_sample();
-  t.flops_per_sample =
-      o.flops_per_sample > 0 ? o.flops_per_sample : model.training_flops_per_sample(t.tokens_per_sample);
+  const bool own_count = o.flops_per_sample <= 0;  // the model's own figure (the built-in GPT: no convolution)
+  t.flops_per_sample = own_count ? model.training_flops_per_sample(t.tokens_per_sample) : o.flops_per_sample;
   // A CUDA device without an index is the current one, which a tensor made there names.
   const c10::Device device = o.device.is_cuda() && !o.device.has_index()
                                  ? torch::empty({0}, torch::TensorOptions().device(o.device)).device()
                                  : o.device;
-  if (const auto gpu = describe_gpu(device)) {
-    if (const auto peak = dense_peak_flops(gpu->name, o.precision)) t.peak_flops_per_s = *peak * world_size;
-  }
+  const auto gpu = describe_gpu(device);
+  if (!gpu) return t;
+  // fp32 work runs on TF32 tensor cores where libtorch allows it (cuDNN's convolutions do by default,
+  // and a user's model may convolve): against the plain fp32 peak MFU would then read high, so none.
+  const auto& ctx = at::globalContext();
+  const bool tf32 = o.precision == c10::kFloat && (ctx.allowTF32CuBLAS() || (ctx.allowTF32CuDNN() && !own_count));
+  // The GPUs the job runs on (alike on every node): ranks that share a GPU share its peak.
+  const int gpus = runtime.node_count() * std::min(runtime.local_size(), std::max(1, runtime.visible_gpus()));
+  if (const auto peak = dense_peak_flops(gpu->name, o.precision); peak && !tf32) t.peak_flops_per_s = *peak * gpus;
   return t;
 }
 
@@ -120,7 +126,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& m
                                          " samples cannot fill one batch of " + std::to_string(o.batch_size) +
                                          (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") +
                                          " on each of " + std::to_string(runtime.size()) + " ranks");
-  throughput_ = std::make_unique<detail::Throughput>(throughput_of(o, *model_, *task_, runtime.size()));
+  throughput_ = std::make_unique<detail::Throughput>(throughput_of(o, *model_, *task_, runtime));
   // Rank 0's files, last: every check above has passed before anything is created.
   logs_ = std::make_unique<detail::RunLogs>(o, runtime.rank());
 }

@@ -18,5 +18,6 @@ check "consumer runs on 2 ranks" [ "$rc" -eq 0 ]
 check "consumer: both ranks report" [ "$(grep -c '^consumer: rank [01] of 2, sanity ok, sum 3$' <<<"$out")" -eq 2 ]
 
 run_np 2 "$tmp/prefix/bin/mpiddp" info
-check "installed mpiddp info on 2 ranks: OK" [ "$rc" -eq 0 ] && [ "$(last_line "$out")" = OK ]
+check "installed mpiddp info on 2 ranks: exit 0" [ "$rc" -eq 0 ]
+check "installed mpiddp info on 2 ranks: OK" [ "$(last_line "$out")" = OK ]
 finish

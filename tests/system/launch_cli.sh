@@ -3,7 +3,8 @@
 # Debian's, the chroot's or the pip venv's torch): a DDP script (gloo, env://, DistributedSampler)
 # at 1-4 ranks equals one process on the global batch (1e-5) with either store host; the env
 # contract each rank gets; a SuperCloud-style hello world; a rank that fails or dies ends the job
-# with its status and leaves nothing running; SIGUSR1 and SIGTERM reach every child; bad input in
+# with its status and leaves nothing running; SIGUSR1 (through mpirun) and SIGTERM (to the launchers,
+# as scancel) reach every child; bad input in
 # one line. usage: launch_cli.sh MPIDDP_BINARY
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1
@@ -51,6 +52,7 @@ check "--print-env: rank 0 prints both ranks in order" \
 check "--print-env: one port, the loopback on one node, no agent store" bash -c '
   [ "$(grep -o "MASTER_ADDR=[^ ]* MASTER_PORT=[0-9]*" <<<"$1" | sort -u | wc -l)" -eq 1 ] &&
   grep -q "MASTER_ADDR=127.0.0.1 " <<<"$1" && ! grep -q TORCHELASTIC_USE_AGENT_STORE <<<"$1"' _ "$out"
+check "--print-env: USE_LIBUV=0 for both ranks (Debian's torch 2.x has no libuv)" [ "$(grep -o "USE_LIBUV=0" <<<"$out" | wc -l)" -eq 2 ]
 
 # ---- a failing or dying rank ends the job with its status, nothing left running ------------------
 start=$SECONDS
@@ -76,12 +78,22 @@ for _ in $(seq 150); do [ -f "$tmp/sig/rank0.ready" ] && [ -f "$tmp/sig/rank1.re
 mpirun_pid=$(pgrep -P "$bg" | head -1)
 kill -USR1 "$mpirun_pid"
 for _ in $(seq 50); do [ -f "$tmp/sig/rank0.SIGUSR1" ] && [ -f "$tmp/sig/rank1.SIGUSR1" ] && break; sleep 0.2; done
-check "SIGUSR1 to mpirun reaches both commands" [ -f "$tmp/sig/rank0.SIGUSR1" ] && [ -f "$tmp/sig/rank1.SIGUSR1" ]
-check "after SIGUSR1 the commands go on" kill -0 "$mpirun_pid"
-kill -TERM "$mpirun_pid"
+check "SIGUSR1 to mpirun reaches both commands" all_exist "$tmp/sig/rank0.SIGUSR1" "$tmp/sig/rank1.SIGUSR1"
+commands() {  # the Python commands (not their launchers, mpirun or timeout) whose line mentions $1
+  local pid n=0
+  for pid in $(pgrep -f -- "$1"); do [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == python* ]] && n=$((n + 1)); done
+  echo $n
+}
+check "after SIGUSR1 both commands go on" [ "$(commands "launch_worker.py signals $tmp/sig")" -eq 2 ]
+# SIGTERM to every launcher, as scancel signals every task (mpirun's own answer to a SIGTERM is
+# Open MPI's: 4 passes it on, 5 and later's prterun may kill at once).
+for pid in $(pgrep -f -- "launch_worker.py signals $tmp/sig"); do
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = mpiddp ] && kill -TERM "$pid"  # the launchers, not mpirun
+done
 wait_bg
-check "SIGTERM to mpirun reaches both commands" [ -f "$tmp/sig/rank0.SIGTERM" ] && [ -f "$tmp/sig/rank1.SIGTERM" ]
+check "SIGTERM to the launchers reaches both commands" all_exist "$tmp/sig/rank0.SIGTERM" "$tmp/sig/rank1.SIGTERM"
 check "SIGTERM: the job ended, not timed out" not_timed_out
+check "SIGTERM handled by the commands (exit 0): the job exits 0" [ "$rc" -eq 0 ]
 check "SIGTERM: no command left running" fails pgrep -f "launch_worker.py signals $tmp/sig"
 
 # ---- bad input: one line, a non-zero exit on every rank, no hang ----------------------------------
@@ -90,7 +102,8 @@ check "no command: exit 2" [ "$rc" -eq 2 ]
 check "no command: one line" one_line "$err"
 check "no command: says so" contains "mpiddp launch: error: no command to run" "$err"
 run_np 2 "$mpiddp" launch --store nowhere -- true
-check "unknown --store: one line, exit 2" bash -c '[ "$1" -eq 2 ]' _ "$rc" && one_line "$err"
+check "unknown --store: exit 2" [ "$rc" -eq 2 ]
+check "unknown --store: one line" one_line "$err"
 run_np 2 "$mpiddp" launch -- "$tmp/no-such-command" x
 check "a command not found: exit 127" [ "$rc" -eq 127 ]
 check "a command not found: one line" one_line "$err"
@@ -102,8 +115,10 @@ timeout -k 5 "$MPIDDP_TEST_DEADLINE" "$MPIEXEC" $MPIEXEC_FLAGS -n 1 "$mpiddp" la
   -n 1 "$mpiddp" launch -- "$tmp/not-executable" >"$tmp/o" 2>"$tmp/e"
 rc=$? err=$(cat "$tmp/e")
 check "a command that cannot start on rank 1 only: exit 127" [ "$rc" -eq 127 ]
-check "... one line naming rank 1" bash -c 'grep -q "cannot run .*not-executable.: Permission denied \[rank 1\]$" <<<"$1"' _ "$err" && one_line "$err"
+check "... one line" one_line "$err"
+check "... naming rank 1" contains "cannot run .*not-executable.: Permission denied \[rank 1\]$" "$err"
 check "... rank 0's started command ended with it (no 30 s wait)" [ $((SECONDS - start)) -le 15 ]
 SLURM_NTASKS=2 run_alone "$mpiddp" launch -- true
-check "srun without PMI: one line, non-zero exit" failed_cleanly && one_line "$err"
+check "srun without PMI: non-zero exit" failed_cleanly
+check "srun without PMI: one line" one_line "$err"
 finish

@@ -101,6 +101,7 @@ count_lines() { grep -c -x -- "$1" <<<"$2"; }   # exact whole-line matches
 contains() { grep -q -- "$1" <<<"$2"; }
 lacks() { ! grep -q -- "$1" <<<"$2"; }
 fails() { ! "$@"; }  # fails command...: the command exits non-zero
+all_exist() { local f; for f in "$@"; do [ -e "$f" ] || return 1; done; }
 last_line() { tail -n 1 <<<"$1"; }
 # Exactly one line from mpiddp on stderr (the launcher may add its own banner about the exit code:
 # Open MPI 4's mpirun, or Open MPI 5/6's prterun, "... detected that one or more processes exited").

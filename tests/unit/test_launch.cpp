@@ -5,7 +5,13 @@
 
 #include <mpiddp/error.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "app/launch.hpp"
 #include "runtime/child_process.hpp"
@@ -60,21 +66,59 @@ TEST(Launch, WorkerEnvironmentReplacesSetsAndKeepsTheJobsDefaults) {
                                            "GLOO_SOCKET_IFNAME=eth1"}));
 }
 
-TEST(Launch, RankZerosAddressOnASharedSubnet) {
-  const std::vector<Ipv4Interface> rank0 = {{"", ip(192, 168, 1, 10), kSlash24}, {"", ip(10, 77, 0, 11), kSlash24}};
-  const std::vector<Ipv4Interface> node2 = {{"eth0", ip(172, 16, 0, 5), kSlash24}, {"ib0", ip(10, 77, 0, 12), kSlash24}};
-  const auto s = shared_subnet(rank0, node2);
-  ASSERT_TRUE(s);
-  EXPECT_EQ(ipv4_text(s->rank0_address), "10.77.0.11");
-  EXPECT_EQ(s->my_interface, "ib0");
-  EXPECT_FALSE(shared_subnet(rank0, {{"eth0", ip(172, 16, 0, 5), kSlash24}}));
-  EXPECT_FALSE(shared_subnet({}, node2));
+TEST(Launch, RankZerosInterfaceThatEveryNodeReaches) {
+  const Ipv4Interface docker{"docker0", ip(172, 17, 0, 1), ip(255, 255, 0, 0)};
+  const Ipv4Interface wlan{"wlan0", ip(192, 168, 1, 10), kSlash24};
+  const Ipv4Interface ib{"ib0", ip(10, 77, 0, 11), kSlash24};
+  const std::vector<Ipv4Interface> rank0 = {docker, wlan, ib};
+  const std::vector<Ipv4Interface> node2 = {{"docker0", ip(172, 17, 0, 1), ip(255, 255, 0, 0)},
+                                            {"eth0", ip(172, 16, 0, 5), kSlash24},
+                                            {"ib1", ip(10, 77, 0, 12), kSlash24}};
+  // Rank 0's node reaches all of its own; the other node neither the bridge it holds too nor the
+  // wlan it is not on: the job's choice is ib0, named ib0 there and ib1 here.
+  const uint64_t node1_bits = reachable_rank0_interfaces(rank0, rank0, true);
+  const uint64_t node2_bits = reachable_rank0_interfaces(rank0, node2, false);
+  EXPECT_EQ(node1_bits, 0b111u);
+  EXPECT_EQ(node2_bits, 0b100u);
+  const auto common = first_interface(node1_bits & node2_bits);
+  ASSERT_TRUE(common);
+  EXPECT_EQ(ipv4_text(rank0[*common].address), "10.77.0.11");
+  EXPECT_EQ(interface_towards(rank0[*common], rank0), "ib0");
+  EXPECT_EQ(interface_towards(rank0[*common], node2), "ib1");
+  EXPECT_FALSE(first_interface(reachable_rank0_interfaces(rank0, {{"eth0", ip(172, 16, 0, 5), kSlash24}}, false)));
+  EXPECT_FALSE(first_interface(reachable_rank0_interfaces({}, node2, false)));
 }
 
 TEST(Launch, AReservedPortIsHeldYetAStoreCanListenOnIt) {
-  ReservedPort a, b;
-  EXPECT_GT(a.port(), 0);
-  EXPECT_NE(a.port(), b.port());  // held: the kernel does not hand it out again
+  const ReservedPort reserved;
+  ASSERT_GT(reserved.port(), 0);
+  const auto bind_to = [&](int family, bool reuse, bool listen) {
+    const int fd = ::socket(family, SOCK_STREAM, 0);
+    if (fd < 0) return -2;  // no such family here
+    const int on = 1;
+    if (reuse) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    int rc;
+    if (family == AF_INET) {
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(reserved.port()));
+      rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    } else {
+      sockaddr_in6 a{};
+      a.sin6_family = AF_INET6;
+      a.sin6_addr = in6addr_any;  // dual stack, as libuv's store binds
+      a.sin6_port = htons(static_cast<uint16_t>(reserved.port()));
+      rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    }
+    if (rc == 0 && listen) rc = ::listen(fd, 4);
+    const int err = rc == 0 ? 0 : errno;
+    ::close(fd);
+    return err;
+  };
+  EXPECT_EQ(bind_to(AF_INET, false, false), EADDRINUSE);  // held: nothing else is given it
+  EXPECT_EQ(bind_to(AF_INET, true, true), 0);             // a store (SO_REUSEADDR) listens on it
+  const int v6 = bind_to(AF_INET6, true, true);
+  if (v6 != -2) EXPECT_EQ(v6, 0);
 }
 
 TEST(ChildProcess, RunsWithItsEnvironmentAndReportsHowItEnded) {
