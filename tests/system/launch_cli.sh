@@ -14,6 +14,9 @@ trap 'rm -rf "$tmp"' EXIT
 MPIDDP_TEST_DEADLINE=60
 cores=$(nproc)
 alive() { local f; for f in "$@"; do kill -0 "$(cat "$f")" 2>/dev/null && return 0; done; return 1; }
+# gone_soon PIDFILE...: every one of those processes has ended within 5 s (mpirun may return while
+# the kernel still delivers the last SIGTERM to a command whose launcher it killed).
+gone_soon() { local i; for i in $(seq 50); do alive "$@" || return 0; sleep 0.1; done; return 1; }
 same_params() {  # same_params A.json B.json: every parameter within 1e-5
   py - "$1" "$2" <<'PY'
 import json, sys
@@ -38,20 +41,33 @@ for n in 1 2 3 4; do
   check "ddp np$n: each rank told its rank, node-local rank, node and threads" \
     [ "$(cat "$tmp/ddp$n.json".rank* | grep -o 'RANK=.*')" = "${want%$'\n'}" ]
 done
-OMP_NUM_THREADS=1 run_np 2 "$mpiddp" launch --store launcher -- "$TEST_PYTHON" "$here/torchrun_ddp.py" "$tmp/agent.json"
-check "--store launcher (torchrun's agent store): exit 0" [ "$rc" -eq 0 ]
-check "--store launcher: the same parameters" same_params "$tmp/agent.json" "$tmp/ref2.json"
-check "an OMP_NUM_THREADS the job sets is kept" [ "$(cat "$tmp/agent.json".rank* | grep -c 'OMP_NUM_THREADS=1$')" -eq 2 ]
+# torchrun's agent store: the workers' env:// joins the launcher's. Where this torch is 2.x without
+# libuv (Debian's), its agent-store client still asks for libuv and fails, under torchrun too.
+if py - <<'PY'
+import torch.distributed as d
+try:
+    d.TCPStore("127.0.0.1", 0, 1, True, use_libuv=True)
+except TypeError:
+    pass  # a torch from before libuv: its one store is the classic one
+PY
+then
+  run_np 2 "$mpiddp" launch --store launcher -- "$TEST_PYTHON" "$here/torchrun_ddp.py" "$tmp/agent.json"
+  check "--store launcher (torchrun's agent store): exit 0" [ "$rc" -eq 0 ]
+  check "--store launcher: the same parameters" same_params "$tmp/agent.json" "$tmp/ref2.json"
+else
+  echo "SKIP - --store launcher: this torch has no libuv, which its agent-store client asks for"
+fi
 
-run_np 2 "$mpiddp" launch --print-env -- "$TEST_PYTHON" "$here/supercloud_hello.py"
+OMP_NUM_THREADS=3 run_np 2 "$mpiddp" launch --print-env -- "$TEST_PYTHON" "$here/supercloud_hello.py"
 check "SuperCloud's hello world: exit 0" [ "$rc" -eq 0 ]
 check "SuperCloud's hello world: each rank of 2, all-reduced" \
-  [ "$(grep -c -E "^$(hostname): [01] of 2, all_reduce 2$" <<<"$out")" -eq 2 ]
+  [ "$(grep -o -E "$(hostname): [01] of 2, all_reduce 2" <<<"$out" | sort -u | wc -l)" -eq 2 ]  # ranks' lines may interleave
 check "--print-env: rank 0 prints both ranks in order" \
   [ "$(grep -o '^rank [0-9] ([^)]*): RANK=[0-9]' <<<"$out" | tr '\n' ' ')" = "rank 0 ($(hostname)): RANK=0 rank 1 ($(hostname)): RANK=1 " ]
 check "--print-env: one port, the loopback on one node, no agent store" bash -c '
   [ "$(grep -o "MASTER_ADDR=[^ ]* MASTER_PORT=[0-9]*" <<<"$1" | sort -u | wc -l)" -eq 1 ] &&
   grep -q "MASTER_ADDR=127.0.0.1 " <<<"$1" && ! grep -q TORCHELASTIC_USE_AGENT_STORE <<<"$1"' _ "$out"
+check "an OMP_NUM_THREADS the job sets is kept" [ "$(grep -o "OMP_NUM_THREADS=3 " <<<"$out" | wc -l)" -eq 2 ]
 check "--print-env: USE_LIBUV=0 for both ranks (Debian's torch 2.x has no libuv)" [ "$(grep -o "USE_LIBUV=0" <<<"$out" | wc -l)" -eq 2 ]
 
 # ---- a failing or dying rank ends the job with its status, nothing left running ------------------
@@ -61,7 +77,7 @@ check "rank 1 exits 3: the job exits 3" [ "$rc" -eq 3 ]
 check "rank 1 exits 3: ended within 20 s (the others would sleep 120 s)" [ $((SECONDS - start)) -le 20 ]
 check "rank 1 exits 3: named" contains "mpiddp launch: error: rank 1 ($(hostname)): '.*launch_worker.py fail .* 1 3' exited with status 3" "$err"
 check "rank 1 exits 3: all 3 workers had started" [ "$(ls "$tmp"/rank*.pid | wc -l)" -eq 3 ]
-check "rank 1 exits 3: no worker left running" fails alive "$tmp"/rank*.pid
+check "rank 1 exits 3: no worker left running (within 5 s)" gone_soon "$tmp"/rank*.pid
 rm -f "$tmp"/rank*.pid
 start=$SECONDS
 run_np 3 "$mpiddp" launch -- "$TEST_PYTHON" "$here/launch_worker.py" kill "$tmp" 2
@@ -69,7 +85,7 @@ check "rank 2 killed by SIGKILL: the job exits 137" [ "$rc" -eq 137 ]
 check "rank 2 killed: ended within 20 s" [ $((SECONDS - start)) -le 20 ]
 check "rank 2 killed: named" contains "rank 2 .* was killed by signal 9" "$err"
 check "rank 2 killed: all 3 workers had started" [ "$(ls "$tmp"/rank*.pid | wc -l)" -eq 3 ]
-check "rank 2 killed: no worker left running" fails alive "$tmp"/rank*.pid
+check "rank 2 killed: no worker left running (within 5 s)" gone_soon "$tmp"/rank*.pid
 
 # ---- SIGUSR1 (a preemption notice) and SIGTERM reach every child ----------------------------------
 mkdir "$tmp/sig"
