@@ -38,18 +38,18 @@ std::string flops_text(double flops_per_s) {
 
 // "123.4 samples/s", for token data "123.4 samples/s (31590 tokens/s)", then where the model's
 // FLOPs are known ", 1.23 TFLOP/s" and where the device's peak is too " (MFU 19.5%)".
-std::string rate_text(double samples_per_s, const Throughput& throughput) {
+std::string rate_text(const Rates& r) {
   char text[64];
-  std::snprintf(text, sizeof text, "%.1f samples/s", samples_per_s);
+  std::snprintf(text, sizeof text, "%.1f samples/s", r.samples_per_s);
   std::string out = text;
-  if (const double tokens_per_s = throughput.tokens_per_s(samples_per_s); tokens_per_s > 0) {
-    std::snprintf(text, sizeof text, " (%.0f tokens/s)", tokens_per_s);
+  if (r.tokens_per_s > 0) {
+    std::snprintf(text, sizeof text, " (%.0f tokens/s)", r.tokens_per_s);
     out += text;
   }
-  if (const double flops_per_s = throughput.flops_per_s(samples_per_s); flops_per_s > 0) {
-    out += ", " + flops_text(flops_per_s);
-    if (const double mfu = throughput.mfu(flops_per_s); mfu > 0) {
-      std::snprintf(text, sizeof text, " (MFU %.1f%%)", 100 * mfu);
+  if (r.flops_per_s > 0) {
+    out += ", " + flops_text(r.flops_per_s);
+    if (r.mfu > 0) {
+      std::snprintf(text, sizeof text, " (MFU %.1f%%)", 100 * r.mfu);
       out += text;
     }
   }
@@ -133,9 +133,7 @@ void ProgressLog::maybe_report(const RunPosition& p) {
   // No line at an epoch's or the run's end: the epoch's own line follows.
   if (!(by_steps || by_time) || span < o.log_min_gap_seconds || !plan_.epoch_running(p)) return;
   const double rate = static_cast<double>(window_.steps) / std::max(span, 1e-9);  // steps/s
-  const double samples_per_s = rate * static_cast<double>(o.samples_per_step() * world_size_);
-  const double tokens_per_s = throughput_.tokens_per_s(samples_per_s);
-  const double flops_per_s = throughput_.flops_per_s(samples_per_s), mfu = throughput_.mfu(flops_per_s);
+  const Rates r = throughput_.at(rate * static_cast<double>(o.samples_per_step() * world_size_));
   const double loss_mean = window_.loss / static_cast<double>(window_.steps);
   const int64_t left_in_epoch = plan_.steps_per_epoch - p.step_in_epoch, left = plan_.total_steps - p.global_step;
   if (note_) {
@@ -146,23 +144,23 @@ void ProgressLog::maybe_report(const RunPosition& p) {
                   static_cast<long long>(p.epoch + 1), static_cast<long long>(plan_.epochs),
                   static_cast<long long>(p.step_in_epoch), static_cast<long long>(plan_.steps_per_epoch),
                   static_cast<int>(100 * p.step_in_epoch / plan_.steps_per_epoch), loss_mean,
-                  static_cast<long long>(window_.steps), rate_text(samples_per_s, throughput_).c_str(),
+                  static_cast<long long>(window_.steps), rate_text(r).c_str(),
                   clock_text(static_cast<double>(left_in_epoch) / rate).c_str(),
                   clock_text(static_cast<double>(left) / rate).c_str());
     note_(text);
   }
   nlohmann::json line = {{"kind", "log"}, {"epoch", p.epoch + 1}, {"step", p.step_in_epoch},
                          {"global_step", p.global_step}, {"train_loss", loss_mean}, {"window_steps", window_.steps},
-                         {"samples_per_s", samples_per_s}, {"lr", p.lr}};
-  if (tokens_per_s > 0) line["tokens_per_s"] = tokens_per_s;
-  if (flops_per_s > 0) line["flops_per_s"] = flops_per_s;
-  if (mfu > 0) line["mfu"] = mfu;
+                         {"samples_per_s", r.samples_per_s}, {"lr", p.lr}};
+  if (r.tokens_per_s > 0) line["tokens_per_s"] = r.tokens_per_s;
+  if (r.flops_per_s > 0) line["flops_per_s"] = r.flops_per_s;
+  if (r.mfu > 0) line["mfu"] = r.mfu;
   logs_.line(line);
   logs_.scalar("train/loss", loss_mean, p.global_step);
-  logs_.scalar("train/samples_per_s", samples_per_s, p.global_step);
-  if (tokens_per_s > 0) logs_.scalar("train/tokens_per_s", tokens_per_s, p.global_step);
-  if (flops_per_s > 0) logs_.scalar("train/flops_per_s", flops_per_s, p.global_step);
-  if (mfu > 0) logs_.scalar("train/mfu", mfu, p.global_step);
+  logs_.scalar("train/samples_per_s", r.samples_per_s, p.global_step);
+  if (r.tokens_per_s > 0) logs_.scalar("train/tokens_per_s", r.tokens_per_s, p.global_step);
+  if (r.flops_per_s > 0) logs_.scalar("train/flops_per_s", r.flops_per_s, p.global_step);
+  if (r.mfu > 0) logs_.scalar("train/mfu", r.mfu, p.global_step);
   logs_.scalar("train/lr", p.lr, p.global_step);
   window_ = Window{};
 }

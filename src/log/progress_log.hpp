@@ -32,16 +32,23 @@ struct RunLogs {
   void scalar(const std::string& tag, double value, int64_t step);
 };
 
-/// What a progress line's samples/s becomes tokens/s, FLOP/s and MFU with; each 0 where unknown,
-/// and then that rate is left out of the records.
+/// A measured samples/s and what it makes: tokens/s, FLOP/s and MFU, each 0 where unknown (and
+/// then left out of the records).
+struct Rates {
+  double samples_per_s = 0, tokens_per_s = 0, flops_per_s = 0, mfu = 0;
+};
+
+/// What a samples/s becomes tokens/s, FLOP/s and MFU with (0 where unknown).
 struct Throughput {
   int64_t tokens_per_sample = 0;  ///< Task::tokens_per_sample(): token data's block size
   double flops_per_sample = 0;    ///< model FLOPs of one sample's forward and backward (flops.hpp)
   double peak_flops_per_s = 0;    ///< the job's dense peak: every rank's device together
 
-  double tokens_per_s(double samples_per_s) const { return samples_per_s * static_cast<double>(tokens_per_sample); }
-  double flops_per_s(double samples_per_s) const { return samples_per_s * flops_per_sample; }
-  double mfu(double flops_per_s) const { return peak_flops_per_s > 0 ? flops_per_s / peak_flops_per_s : 0; }
+  Rates at(double samples_per_s) const {
+    const double flops_per_s = samples_per_s * flops_per_sample;
+    return {samples_per_s, samples_per_s * static_cast<double>(tokens_per_sample), flops_per_s,
+            peak_flops_per_s > 0 ? flops_per_s / peak_flops_per_s : 0};
+  }
 };
 
 /// One epoch's numbers as the metrics file writes them ("kind": "epoch"); TensorBoard's epoch/*

@@ -565,9 +565,10 @@ EpochMetrics Trainer::finish_epoch(const RunPosition& p, const RunPosition& epoc
   // The epoch's steps over its seconds, both counted from its start (a resumed epoch's too).
   m.samples_per_s =
       p.seconds > 0 ? static_cast<double>(p.step_in_epoch * o.samples_per_step() * runtime_.size()) / p.seconds : 0;
-  m.tokens_per_s = throughput_->tokens_per_s(m.samples_per_s);
-  m.flops_per_s = throughput_->flops_per_s(m.samples_per_s);
-  m.mfu = throughput_->mfu(m.flops_per_s);
+  const detail::Rates rates = throughput_->at(m.samples_per_s);
+  m.tokens_per_s = rates.tokens_per_s;
+  m.flops_per_s = rates.flops_per_s;
+  m.mfu = rates.mfu;
   if (test_) {
     auto hold = batches.pause();
     std::tie(m.test_loss, m.test_accuracy) = evaluate();
