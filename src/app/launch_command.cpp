@@ -51,7 +51,9 @@ std::vector<Ipv4Interface> rank0_interfaces(const Runtime& rt) {
   if (rt.rank() == 0) {
     for (const auto& f : ipv4_interfaces()) text << f.name << ' ' << f.address << ' ' << f.netmask << '\n';
   }
-  std::istringstream in(allgather_strings(rt.world(), text.str())[0]);
+  std::string listed = text.str();
+  broadcast_string(rt.world(), listed);
+  std::istringstream in(listed);
   std::vector<Ipv4Interface> out;
   Ipv4Interface f;
   while (in >> f.name >> f.address >> f.netmask) out.push_back(f);
@@ -83,7 +85,8 @@ std::string run_id(const Runtime& rt) {
     const char* job = std::getenv("SLURM_JOB_ID");
     id = job && *job ? job : "mpiddp-" + rt.hostname() + "-" + std::to_string(::getpid());
   }
-  return allgather_strings(rt.world(), id)[0];
+  broadcast_string(rt.world(), id);
+  return id;
 }
 
 // Returns once every rank's command has ended well. Polls every 100 ms instead of spinning in
