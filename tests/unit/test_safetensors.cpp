@@ -15,6 +15,7 @@
 #include <string>
 
 #include "error_of.hpp"
+#include "scratch_dir.hpp"
 #include "io/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -22,13 +23,9 @@ using mpiddp::testing::error_of;
 
 namespace {
 
-class Safetensors : public ::testing::Test {
+class Safetensors : public mpiddp::testing::ScratchDir {
  protected:
-  void SetUp() override {
-    dir = fs::temp_directory_path() / ("mpiddp_safetensors_" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-  }
-  void TearDown() override { fs::remove_all(dir); }
+  Safetensors() : ScratchDir("safetensors") {}
 
   std::string path(const std::string& name) const { return (dir / name).string(); }
 
@@ -55,7 +52,6 @@ class Safetensors : public ::testing::Test {
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
 
-  fs::path dir;
 };
 
 // A header entry: tensor `name` of `dtype` and `shape` at data bytes [begin, end).

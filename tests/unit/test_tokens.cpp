@@ -15,19 +15,16 @@
 #include <iterator>
 
 #include "error_of.hpp"
+#include "scratch_dir.hpp"
 
 namespace fs = std::filesystem;
 using mpiddp::testing::error_of;
 
 namespace {
 
-class TokenFiles : public ::testing::Test {
+class TokenFiles : public mpiddp::testing::ScratchDir {
  protected:
-  void SetUp() override {
-    dir = fs::temp_directory_path() / ("mpiddp_tokens_" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-  }
-  void TearDown() override { fs::remove_all(dir); }
+  TokenFiles() : ScratchDir("tokens") {}
 
   // llm.c's layout: 256 int32 (magic, version, count, zeros), then the tokens.
   std::string shard(const std::string& name, const std::vector<uint32_t>& tokens, int32_t magic = 20240520,
@@ -42,7 +39,6 @@ class TokenFiles : public ::testing::Test {
     for (auto t : tokens) f.write(reinterpret_cast<const char*>(&t), token_bytes);  // little-endian host
     return path;
   }
-  fs::path dir;
 };
 
 std::vector<int64_t> values(const torch::Tensor& t) {
