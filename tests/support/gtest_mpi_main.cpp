@@ -5,6 +5,7 @@
 #include <mpiddp/runtime.hpp>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <iostream>
 #include <map>
@@ -71,6 +72,9 @@ int main(int argc, char** argv) {
     std::cerr << "cannot start MPI tests: " << e.what() << std::endl;
     return 1;
   }
+  // As `mpiddp train` does: the ranks on a node share its cores. Left at libtorch's default, four
+  // ranks on two cores run eight OpenMP threads that spin while they wait (ten times slower on sid).
+  torch::set_num_threads(mpiddp::fair_share_of_cores(g_runtime->local_size()));
   // mpiexec hands ranks a pty, so gtest would colour logs and CTest output; --gtest_color overrides.
   ::testing::GTEST_FLAG(color) = "no";
   ::testing::InitGoogleTest(&argc, argv);
