@@ -71,6 +71,10 @@ struct DistributedDataParallel::Bucket {
 
 namespace {
 
+// The start-up broadcast of rank 0's parameters and buffers packs tensors into chunks of at most
+// this many bytes (DDP's largest default bucket).
+constexpr int64_t kBroadcastChunkBytes = 25LL << 20;
+
 std::string describe_param(const std::string& name, const torch::Tensor& t) {
   std::ostringstream s;
   s << name << ":" << dtype_name(t.scalar_type()) << "[";
@@ -303,21 +307,43 @@ void DistributedDataParallel::verify_same_model() {
 }
 
 void DistributedDataParallel::broadcast_tensors(const std::vector<torch::Tensor>& tensors) {
-  // One broadcast per dtype of the flattened tensors, instead of one per tensor.
+  // Rank 0's values, few broadcasts and little memory: tensors of one dtype packed into chunks of at
+  // most kBroadcastChunkBytes each (a copy, then one broadcast), a contiguous tensor of that size
+  // or more sent as it is. The model exists once plus one chunk, not twice (ZeRO stage 3's
+  // start-up peak: the model whole is its steady state at 4 ranks).
   std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
   for (const auto& t : tensors) {
-    if (t.numel() > 0) by_dtype[t.scalar_type()].push_back(t);
+    if (t.numel() > 0) by_dtype[t.scalar_type()].push_back(t.detach());
   }
   for (auto& [dtype, group] : by_dtype) {
-    std::vector<torch::Tensor> flat;
-    for (const auto& t : group) flat.push_back(t.detach().reshape(-1));
-    auto buffer = torch::cat(flat);
-    pg_.broadcast(buffer, 0);
-    int64_t offset = 0;
+    std::vector<torch::Tensor> chunk;
+    int64_t chunk_bytes = 0;
+    const auto send_chunk = [&] {
+      if (chunk.empty()) return;
+      std::vector<torch::Tensor> flat;
+      for (const auto& t : chunk) flat.push_back(t.reshape(-1));
+      auto buffer = torch::cat(flat);
+      pg_.broadcast(buffer, 0);
+      int64_t offset = 0;
+      for (auto& t : chunk) {
+        t.copy_(buffer.narrow(0, offset, t.numel()).view_as(t));
+        offset += t.numel();
+      }
+      chunk.clear();
+      chunk_bytes = 0;
+    };
     for (auto& t : group) {
-      t.detach().copy_(buffer.narrow(0, offset, t.numel()).view_as(t));
-      offset += t.numel();
+      const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+      if (bytes >= kBroadcastChunkBytes && t.is_contiguous()) {
+        auto whole = t.view(-1);
+        pg_.broadcast(whole, 0);
+        continue;
+      }
+      if (chunk_bytes + bytes > kBroadcastChunkBytes) send_chunk();
+      chunk.push_back(t);
+      chunk_bytes += bytes;
     }
+    send_chunk();
   }
 }
 

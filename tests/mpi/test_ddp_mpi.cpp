@@ -383,6 +383,41 @@ TEST(Ddp, FrozenParametersSkippedConsistently) {
   MPIDDP_EXPECT_ALL(err <= 1e-5);
 }
 
+TEST(Ddp, StartsFromRankZerosValuesWhateverTheirSizes) {
+  // The start-up broadcast packs tensors into chunks of at most 25 MiB: parameters above that alone
+  // (a contiguous one in place, a transposed one through a copy), three of 12 MiB (two share a
+  // chunk), small ones and a buffer of another dtype between them. Every rank starts from values of
+  // its own; afterwards each holds what rank 0 held (compared exactly with rank 0's formula).
+  for (const auto& backend : mpiddp::available_backends()) {
+    if (backend == "nccl") continue;  // CUDA: tests run on the GPU machine
+    auto& pg = group(backend);
+    const auto values = [](int64_t numel, int rank, int index) {
+      return torch::arange(numel, torch::kFloat32).remainder(1000 + index) + 10000.0 * rank;
+    };
+    const std::vector<std::vector<int64_t>> shapes = {{7, 1 << 20}, {3 << 20}, {5, 3}, {3 << 20}, {2600, 3000}, {3 << 20}, {1}};
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    std::vector<torch::Tensor> expected;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int64_t numel = c10::multiply_integers(shapes[i]);
+      auto mine = values(numel, pg.rank(), static_cast<int>(i)).reshape(shapes[i]);
+      auto wanted = values(numel, 0, static_cast<int>(i)).reshape(shapes[i]);
+      if (i == 4) {  // transposed: not contiguous
+        mine = mine.t().contiguous().t();
+        wanted = wanted.t().contiguous().t();
+      }
+      params.emplace_back("p" + std::to_string(i), mine.detach().requires_grad_());
+      expected.push_back(wanted);
+    }
+    ASSERT_FALSE(params[4].second.is_contiguous());
+    auto buffer = torch::full({4}, 1.0 + pg.rank(), torch::kFloat64);
+    mpiddp::DistributedDataParallel ddp(params, {{"b", buffer}}, pg);
+    bool equal = buffer.equal(torch::full({4}, 1.0, torch::kFloat64));
+    for (size_t i = 0; i < params.size(); ++i) equal = equal && params[i].second.detach().equal(expected[i]);
+    EXPECT_TRUE(equal) << backend;
+    MPIDDP_EXPECT_ALL(equal);
+  }
+}
+
 TEST(Ddp, MeanTailRidesWithTheGradients) {
   // DdpOptions::mean_tail_values: after a reducing backward the mean tail holds the mean over the ranks
   // of what each rank wrote (reference: a direct MPI_Allreduce of the same values), the
