@@ -3,7 +3,7 @@
 #   debian12  install what is missing, build, run every test (unit, MPI at 1-4 ranks, system, install,
 #             the Slurm cluster and both module systems) against Debian 12's libtorch 1.13
 #   sid       build and test again against Debian sid's libtorch 2.14 inside a chroot (scripts/chroot.sh;
-#             made on first use, ~10 min, reused after): all but the cluster tests (label cluster)
+#             made on first use, ~10 min, reused after): all but labels cluster, own and python
 #   pip       against PyTorch's own pip wheel (torch 2.11, CUDA 13, NCCL backend ON; scripts/build_pip.sh,
 #             its venv made on first use in build-pip/venv, ~1 min, reused after): the unit and MPI tests
 #             and the system tests that depend on the torch (label torch)
@@ -109,8 +109,7 @@ assert u.find_spec("transformers") and u.find_spec("safetensors"), "the pip stac
 }
 
 sanitizers() {
-  # Not a unity build: each source file compiles alone here, so one that leans on the includes of
-  # the files it is batched with in the other stages is caught.
+  # Debug (-O0) with line tables (-g1), a unity build as the other stages.
   echo "== build (ASan + UBSan)"
   MPIDDP_BUILD_TARGETS=mpiddp_unit_mpi_tests bash scripts/build.sh build-asan -DMPIDDP_SANITIZE=ON \
     -DCMAKE_BUILD_TYPE=Debug -DMPIDDP_BUILD_TESTS=ON -DMPIDDP_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
