@@ -2,6 +2,7 @@
 // sampler, DDP. usage: mpirun -np N custom_model DATA.h5   (regression data: mpiddp data synthetic)
 #include <mpiddp/data.hpp>
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/runtime.hpp>
 
 #include <torch/torch.h>
 
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
     if (rt.rank() == 0) std::cerr << "usage: custom_model DATA.h5" << std::endl;
     return 2;
   }
+  torch::set_num_threads(mpiddp::fair_share_of_cores(rt.local_size()));  // the node's cores, shared by its ranks
   mpiddp::H5Dataset data(argv[1]);
   auto pg = mpiddp::make_process_group("mpi", rt);
   TwoLayer model(data.info().sample_shape.at(0));

@@ -1,6 +1,7 @@
 // A ResNet-style model of the user's own (residual blocks with BatchNorm) trained with the library
 // Trainer: DDP, snapshots every epoch and exact resume, stop signals, evaluation, metrics.
 // usage: mpirun -np N resnet_trainer TRAIN.h5 TEST.h5 EPOCHS SNAPSHOT_DIR   (inputs [1, H, W], classes)
+#include <mpiddp/runtime.hpp>
 #include <mpiddp/trainer.hpp>
 
 #include <iostream>
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   }
   auto pg = mpiddp::make_process_group("mpi", rt);
   torch::manual_seed(0);  // seeds and threads are the program's, not the Trainer's
+  torch::set_num_threads(mpiddp::fair_share_of_cores(rt.local_size()));  // the node's cores, shared by its ranks
   auto model = mpiddp::wrap_module(ResNet(mpiddp::H5Dataset(argv[1]).info().num_classes), "resnet");
   // Any torch::optim optimizer: its state goes into the snapshots.
   auto opt = std::make_shared<torch::optim::RMSprop>(mpiddp::parameters(*model), torch::optim::RMSpropOptions(1e-3));

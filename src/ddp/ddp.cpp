@@ -72,8 +72,8 @@ struct DistributedDataParallel::Bucket {
 namespace {
 
 // The start-up broadcast of rank 0's parameters and buffers packs tensors into chunks of at most
-// this many bytes (DDP's largest default bucket).
-constexpr int64_t kBroadcastChunkBytes = 25LL << 20;
+// this many bytes (DDP's default bucket).
+constexpr int64_t kBroadcastChunkBytes = kDefaultBucketCapBytes;
 
 std::string describe_param(const std::string& name, const torch::Tensor& t) {
   std::ostringstream s;
@@ -307,10 +307,10 @@ void DistributedDataParallel::verify_same_model() {
 }
 
 void DistributedDataParallel::broadcast_tensors(const std::vector<torch::Tensor>& tensors) {
-  // Rank 0's values, few broadcasts and little memory: tensors of one dtype packed into chunks of at
-  // most kBroadcastChunkBytes each (a copy, then one broadcast), a contiguous tensor of that size
-  // or more sent as it is. The model exists once plus one chunk, not twice (ZeRO stage 3's
-  // start-up peak: the model whole is its steady state at 4 ranks).
+  // Rank 0's values, few broadcasts and little memory: tensors of one dtype packed into chunks of
+  // less than kBroadcastChunkBytes each (a copy, then one broadcast), a tensor of that size or more
+  // sent alone (as it is where contiguous). The model exists once plus one chunk or one tensor, not
+  // twice (ZeRO stage 3's start-up peak: at 4 ranks the model whole is its steady state too).
   std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
   for (const auto& t : tensors) {
     if (t.numel() > 0) by_dtype[t.scalar_type()].push_back(t.detach());
@@ -334,9 +334,10 @@ void DistributedDataParallel::broadcast_tensors(const std::vector<torch::Tensor>
     };
     for (auto& t : group) {
       const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-      if (bytes >= kBroadcastChunkBytes && t.is_contiguous()) {
-        auto whole = t.view(-1);
+      if (bytes >= kBroadcastChunkBytes) {  // by size alone: every rank chunks alike, whatever its strides
+        auto whole = t.is_contiguous() ? t.view(-1) : t.contiguous().view(-1);
         pg_.broadcast(whole, 0);
+        if (!t.is_contiguous()) t.copy_(whole.view(t.sizes()));
         continue;
       }
       if (chunk_bytes + bytes > kBroadcastChunkBytes) send_chunk();
