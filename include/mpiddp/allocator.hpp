@@ -24,4 +24,10 @@ inline constexpr std::size_t kMallocTrimThresholdBytes = std::size_t{512} << 20;
 std::string tune_malloc_for_training(std::size_t mmap_threshold = kMallocMmapThresholdBytes,
                                      std::size_t trim_threshold = kMallocTrimThresholdBytes);
 
+/// Hands the heap's free pages back to the kernel (glibc's malloc_trim(0): free chunks anywhere in
+/// any arena, not only at the top); nothing where malloc is not glibc's. For after a large part of
+/// the memory is freed once for good (ZeRO stage 3 sharding the model it was built with): with the
+/// thresholds above, those tensors came from the heap and would stay resident.
+void release_free_memory();
+
 }  // namespace mpiddp

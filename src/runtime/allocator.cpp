@@ -24,4 +24,10 @@ std::string tune_malloc_for_training(std::size_t mmap_threshold, std::size_t tri
 #endif
 }
 
+void release_free_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 }  // namespace mpiddp

@@ -2,6 +2,7 @@
 
 #include "zero/slice.hpp"
 
+#include <mpiddp/allocator.hpp>
 #include <mpiddp/error.hpp>
 
 #include <torch/csrc/autograd/engine.h>
@@ -97,6 +98,7 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     for (size_t s = 0; s < views[b].size(); ++s) buckets_[b].params[s].set_data(views[b][s]);
   }
   for (const auto& buckets : buckets_of_unit_) max_spares_ = std::max(max_spares_, 2 * buckets.size());
+  release_free_memory();  // the units as they were built: freed for good, not kept resident by malloc
 }
 
 ShardedUnits::~ShardedUnits() {
