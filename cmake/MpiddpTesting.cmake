@@ -43,9 +43,11 @@ target_compile_options(mpiddp_gtest_mpi_main PRIVATE -Wall -Wextra)
 if(MPIDDP_PRECOMPILE_HEADERS)
   target_precompile_headers(mpiddp_gtest_mpi_main PRIVATE <torch/torch.h> <gtest/gtest.h>)
 endif()
-# Every test compiles with HDF5's definitions (on sid _FILE_OFFSET_BITS, _GNU_SOURCE, ...; none on
-# Debian 12), the HDF5 tests need them, and GCC takes the shared header only with the same macros.
+# Every test compiles with HDF5's definitions (on sid its CMake package's _FILE_OFFSET_BITS,
+# _GNU_SOURCE, ...; none on Debian 12): the HDF5 tests need them, and GCC takes the shared header
+# only with the same macros.
 target_compile_definitions(mpiddp_gtest_mpi_main PRIVATE ${HDF5_C_DEFINITIONS})
+target_link_libraries(mpiddp_gtest_mpi_main PRIVATE ${HDF5_C_LIBRARIES})
 
 # Every test program, the helpers that are no gtest too, compiles with GoogleTest's definitions
 # (GTEST_HAS_PTHREAD): a macro the precompiled header saw must be defined alike, or GCC ignores it.
@@ -55,6 +57,7 @@ function(_mpiddp_test_target name)
   target_compile_options(${name} PRIVATE -Wall -Wextra)
   target_link_libraries(${name} PRIVATE GTest::gtest)
   target_compile_definitions(${name} PRIVATE ${HDF5_C_DEFINITIONS})
+  target_link_libraries(${name} PRIVATE ${HDF5_C_LIBRARIES})
   # One source each: a unity build (CMAKE_UNITY_BUILD) gains nothing here, and a test's fixtures in
   # its anonymous namespace would draw -Wsubobject-linkage once the file is not the unit's main file.
   set_target_properties(${name} PROPERTIES UNITY_BUILD OFF)
