@@ -161,15 +161,32 @@ slurm_cluster_stop() {
 }
 
 # slurm_submit_wait SCRIPT [sbatch args...]: submits, waits (deadline $SLURM_TEST_DEADLINE, 300 s);
-# $job is the job id, $rc sbatch's exit status (the job's), $log the job's output file.
+# $job is the job id, $rc the job's exit code (scontrol's ExitCode=code:signal; 128 + signal where
+# killed), 124 past the deadline (the job is cancelled), sbatch's status where submitting failed.
+# It polls the job's state every 0.2 s: `sbatch --wait` polls at intervals that grow to 10 s or more,
+# which made jobs of a few seconds take up to 40 s.
 slurm_submit_wait() {
   local script=$1
   shift
-  local o
-  o=$(timeout -k 5 "${SLURM_TEST_DEADLINE:-300}" sbatch --wait --parsable "$@" "$script" 2>"$_slurm_dir/sbatch.err")
-  rc=$?
-  job=${o%%;*}
+  local o state exit_code deadline=$((SECONDS + ${SLURM_TEST_DEADLINE:-300}))
   log=""
+  o=$(sbatch --parsable "$@" "$script" 2>"$_slurm_dir/sbatch.err") || { rc=$? job=""; return; }
+  job=${o%%;*}
+  rc=124
+  while [ $SECONDS -lt $deadline ]; do
+    state=$(scontrol -o show job "$job" 2>/dev/null)
+    case $(grep -o " JobState=[A-Z_]*" <<<"$state") in
+      "" | *=PENDING | *=RUNNING | *=CONFIGURING | *=COMPLETING | *=SUSPENDED | *=REQUEUED | *=RESIZING | \
+        *=SIGNALING | *=STAGE_OUT) ;;
+      *)
+        exit_code=$(grep -o " ExitCode=[0-9]*:[0-9]*" <<<"$state")
+        exit_code=${exit_code# ExitCode=}
+        if [ "${exit_code#*:}" != 0 ]; then rc=$((128 + ${exit_code#*:})); else rc=${exit_code%:*}; fi
+        return ;;
+    esac
+    sleep 0.2
+  done
+  scancel "$job" 2>/dev/null
 }
 
 # slurm_test_begin: the start of a test script (after lib.sh): skips (exit 77, with the reason)
