@@ -43,9 +43,10 @@ target_compile_options(mpiddp_gtest_mpi_main PRIVATE -Wall -Wextra)
 if(MPIDDP_PRECOMPILE_HEADERS)
   target_precompile_headers(mpiddp_gtest_mpi_main PRIVATE <torch/torch.h> <gtest/gtest.h>)
 endif()
-# Every test compiles with HDF5's definitions (on sid its CMake package's _FILE_OFFSET_BITS,
-# _GNU_SOURCE, ...; none on Debian 12): the HDF5 tests need them, and GCC takes the shared header
-# only with the same macros.
+# Every test builds against HDF5 (its headers, definitions and libraries; on sid its CMake package's
+# _FILE_OFFSET_BITS, _GNU_SOURCE, ...; no definitions on Debian 12): the HDF5 tests need it, and GCC
+# takes the shared header only with the same macros.
+target_include_directories(mpiddp_gtest_mpi_main PRIVATE ${HDF5_C_INCLUDE_DIRS})
 target_compile_definitions(mpiddp_gtest_mpi_main PRIVATE ${HDF5_C_DEFINITIONS})
 target_link_libraries(mpiddp_gtest_mpi_main PRIVATE ${HDF5_C_LIBRARIES})
 
@@ -56,6 +57,7 @@ function(_mpiddp_test_target name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_options(${name} PRIVATE -Wall -Wextra)
   target_link_libraries(${name} PRIVATE GTest::gtest)
+  target_include_directories(${name} PRIVATE ${HDF5_C_INCLUDE_DIRS})
   target_compile_definitions(${name} PRIVATE ${HDF5_C_DEFINITIONS})
   target_link_libraries(${name} PRIVATE ${HDF5_C_LIBRARIES})
   # One source each: a unity build (CMAKE_UNITY_BUILD) gains nothing here, and a test's fixtures in
