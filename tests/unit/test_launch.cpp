@@ -118,7 +118,9 @@ TEST(Launch, AReservedPortIsHeldYetAStoreCanListenOnIt) {
   EXPECT_EQ(bind_to(AF_INET, false, false), EADDRINUSE);  // held: nothing else is given it
   EXPECT_EQ(bind_to(AF_INET, true, true), 0);             // a store (SO_REUSEADDR) listens on it
   const int v6 = bind_to(AF_INET6, true, true);
-  if (v6 != -2) EXPECT_EQ(v6, 0);
+  if (v6 != -2) {  // -2: no IPv6 socket here
+    EXPECT_EQ(v6, 0);
+  }
 }
 
 TEST(ChildProcess, RunsWithItsEnvironmentAndReportsHowItEnded) {
