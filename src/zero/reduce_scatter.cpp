@@ -32,7 +32,9 @@ class ReduceScatter : public GradientReduction {
               ProcessGroup& pg) override {
     MPIDDP_CHECK(pg_ == nullptr, "a GradientReduction serves one DistributedDataParallel: make one per DDP");
     pg_ = &pg;
-    for (size_t b = 0; b < buckets.size(); ++b) shards_.push_back(torch::zeros({buckets[b].padded / pg.size()}, options[b]));
+    // Left unwritten (every reduce-scatter writes the whole shard): untouched pages take no memory
+    // until ZeroOptimizer zeroes them, after stage 3 has handed the model as built back.
+    for (size_t b = 0; b < buckets.size(); ++b) shards_.push_back(torch::empty({buckets[b].padded / pg.size()}, options[b]));
     divisors_ = detail::divisors(options, pg.size());
     wires_.assign(buckets.size(), {});
   }

@@ -63,42 +63,56 @@ struct ShardedUnits::Pass {
 ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& options)
     : pg_(ddp.process_group()), options_(options), buckets_(ddp.buckets().size()),
       self_(std::make_shared<ShardedUnits*>(this)) {
-  torch::NoGradGuard no_grad;
-  const auto& params = ddp.parameters();
-  const int ranks = pg_.size();
-  // First every bucket's slice, copied from the parameters' overlapping parts, and the views the
-  // parameters will become (of a buffer whose bytes are freed at once: one bucket's at a time) --
-  // what may throw (memory); then the parameters moved onto the views, which cannot: a failure
-  // leaves the parameters as they were. No whole copy of the units is ever made: the peak is the
-  // model as it came plus this rank's slices.
-  std::vector<std::vector<torch::Tensor>> views(buckets_.size());
   for (size_t b = 0; b < ddp.buckets().size(); ++b) {
-    const auto& layout = ddp.buckets()[b];
-    if (layout.unit < 0) continue;
-    const auto u = static_cast<size_t>(layout.unit);
-    if (buckets_of_unit_.size() <= u) buckets_of_unit_.resize(u + 1);
-    buckets_of_unit_[u].push_back(b);
-    auto& bucket = buckets_[b];
-    const auto options = params[layout.params.front()].options();
-    bucket.full = torch::empty({layout.padded}, options);
-    bucket.shard = torch::zeros({layout.padded / ranks}, options);  // the padding stays 0
-    for (size_t s = 0; s < layout.params.size(); ++s) {
-      const auto& p = params[layout.params[s]];
-      views[b].push_back(bucket.full.narrow(0, layout.offsets[s], p.numel()).view(p.sizes()));
-      bucket.params.push_back(p);
-    }
-    const int64_t first = slice_begin(layout, pg_.rank(), ranks);
-    for_each_in_slice(layout, params, pg_.rank(), ranks, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t n) {
-      bucket.shard.narrow(0, in_bucket - first, n).copy_(params[i].detach().reshape(-1).narrow(0, in_param, n));
-    });
-    free_bytes(bucket.full);
-    bucket.offsets = layout.offsets;
-  }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    for (size_t s = 0; s < views[b].size(); ++s) buckets_[b].params[s].set_data(views[b][s]);
+    const int unit = ddp.buckets()[b].unit;
+    if (unit < 0) continue;
+    if (buckets_of_unit_.size() <= static_cast<size_t>(unit)) buckets_of_unit_.resize(static_cast<size_t>(unit) + 1);
+    buckets_of_unit_[static_cast<size_t>(unit)].push_back(b);
   }
   for (const auto& buckets : buckets_of_unit_) max_spares_ = std::max(max_spares_, 2 * buckets.size());
+  // Bucket by bucket, so that the memory the parameters were built in goes back while the next
+  // bucket is sharded: the peak is the model as it came plus one bucket's slice, never a second
+  // copy of the units. A failure part-way (memory) leaves the buckets sharded so far NaN, as the
+  // destructor does: their other ranks' values are gone from this rank.
+  try {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (ddp.buckets()[b].unit >= 0) shard(b, ddp.buckets()[b], ddp.parameters());
+    }
+  } catch (...) {
+    try {
+      make_whole(false);
+    } catch (...) {  // out of memory even for NaN: the sharded parameters stay without bytes
+    }
+    throw;
+  }
   release_free_memory();  // the units as they were built: freed for good, not kept resident by malloc
+}
+
+void ShardedUnits::shard(size_t b, const BucketLayout& layout, const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  const int ranks = pg_.size();
+  const auto options = params[layout.params.front()].options();
+  auto shard = torch::zeros({layout.padded / ranks}, options);  // the padding stays 0
+  const int64_t first = slice_begin(layout, pg_.rank(), ranks);
+  for_each_in_slice(layout, params, pg_.rank(), ranks, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t n) {
+    shard.narrow(0, in_bucket - first, n).copy_(params[i].detach().reshape(-1).narrow(0, in_param, n));
+  });
+  // The parameters become views of the bucket's whole buffer, whose bytes exist only while gathered.
+  // (Views made while the buffer has its bytes: narrow() checks them.)
+  auto& bucket = buckets_[b];
+  bucket.full = torch::empty({layout.padded}, options);
+  std::vector<torch::Tensor> views;
+  for (size_t s = 0; s < layout.params.size(); ++s) {
+    const auto& p = params[layout.params[s]];
+    views.push_back(bucket.full.narrow(0, layout.offsets[s], p.numel()).view(p.sizes()));
+  }
+  free_bytes(bucket.full);
+  bucket.offsets = layout.offsets;
+  for (size_t s = 0; s < layout.params.size(); ++s) {
+    bucket.params.push_back(params[layout.params[s]]);
+    bucket.params.back().set_data(views[s]);
+  }
+  bucket.shard = std::move(shard);
 }
 
 ShardedUnits::~ShardedUnits() {

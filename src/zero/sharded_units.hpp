@@ -27,7 +27,8 @@ namespace mpiddp::detail {
 
 class ShardedUnits final : public UnitHooks {
  public:
-  /// Takes the parameters of `ddp`'s unit buckets: this rank's slice of each kept, the rest freed.
+  /// Takes the parameters of `ddp`'s unit buckets: this rank's slice of each kept, the rest freed
+  /// bucket by bucket. A failure (memory) leaves the buckets sharded so far NaN.
   ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& options);
   /// Leaves the parameters whole again: all-gathered into memory of their own (collective), or
   /// NaN when an exception is unwinding (no collective can be trusted then).
@@ -56,6 +57,8 @@ class ShardedUnits final : public UnitHooks {
     std::vector<int64_t> offsets;       ///< each one's first element in `full`
   };
   struct Pass;  ///< one backward pass: frees every unit when it ends (or is dropped, on an error)
+  /// Keeps this rank's slice of bucket b and moves its parameters onto views of `full` (no bytes).
+  void shard(size_t b, const BucketLayout& layout, const std::vector<torch::Tensor>& params);
   void start(size_t unit);    ///< allocates the unit's buffers and starts their all-gathers
   void gather(size_t unit);   ///< start(unit) if needed, and waits for it
   void release(size_t unit);  ///< waits for an all-gather in flight, frees the buffers
