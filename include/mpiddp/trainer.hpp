@@ -105,7 +105,7 @@ struct TrainerOptions {
   ZeroOptions zero;
   /// The model's blocks run checkpointed (checkpoint.hpp): their activations are recomputed in
   /// backward instead of kept, for one more forward's time; results equal. The model must support
-  /// it (Model::set_activation_checkpointing: the built-in GPT), else the Trainer throws.
+  /// it (Model::set_activation_checkpointing: the built-in GPT, SequentialUnits), else the Trainer throws.
   bool activation_checkpointing = false;
   /// fit() plans each rank's peak memory before its first step (Trainer::plan_memory: one probing
   /// forward and backward, training unchanged) and reports the measured peak after the first

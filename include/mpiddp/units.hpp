@@ -17,12 +17,24 @@
 //
 // A unit's forward must read only its own parameters besides its input (and the parameters outside
 // every unit), and each unit runs once per forward.
+//
+// A model built as a torch::nn::Sequential needs no code of its own: SequentialUnits takes it with
+// a wrap policy (FSDP's auto-wrap policy) that picks the children that are units:
+//
+//   auto net = mpiddp::SequentialUnits(torch::nn::Sequential(...), mpiddp::wrap_type<torch::nn::LinearImpl>());
+//   auto model = mpiddp::wrap_module(net);
+//
+// (libtorch's modules have no forward hooks: a module that calls its children itself cannot be split
+// from outside, and implements UnitModule instead.)
 #pragma once
+
+#include <mpiddp/checkpoint.hpp>
 
 #include <torch/torch.h>
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace mpiddp {
@@ -53,5 +65,35 @@ class UnitModule {
  private:
   UnitHooks* hooks_ = nullptr;
 };
+
+/// Whether a child becomes a unit, given its name among its parent's children ("0", "1", ... in a
+/// Sequential) and the child itself.
+using WrapPolicy = std::function<bool(const std::string& name, const torch::nn::Module& child)>;
+
+/// The policy that makes every child of type Impl a unit (torch::nn::LinearImpl, a block of yours).
+template <class Impl>
+WrapPolicy wrap_type() {
+  return [](const std::string& /*name*/, const torch::nn::Module& child) { return dynamic_cast<const Impl*>(&child) != nullptr; };
+}
+
+/// A torch::nn::Sequential whose children the policy picks are units, in order; the others run as
+/// they are, their parameters outside every unit. Its parameters keep the Sequential's names
+/// ("0.weight", ...: PyTorch's nn.Sequential's). With activation checkpointing each unit's forward
+/// is checkpointed.
+class SequentialUnitsImpl : public torch::nn::Module, public UnitModule, public Checkpointable {
+ public:
+  /// Throws mpiddp::Error (one line) when the policy picks none of the children.
+  SequentialUnitsImpl(torch::nn::Sequential sequential, const WrapPolicy& policy);
+  torch::Tensor forward(const torch::Tensor& input);
+  std::vector<std::shared_ptr<torch::nn::Module>> units() const override;
+  void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
+  bool activation_checkpointing() const override { return checkpointing_; }
+
+ private:
+  torch::nn::Sequential sequential_;
+  std::vector<int> unit_of_;  ///< each child's unit, -1: none
+  bool checkpointing_ = false;
+};
+TORCH_MODULE(SequentialUnits);
 
 }  // namespace mpiddp

@@ -16,7 +16,7 @@ struct PlanInputs {
   int64_t gathered_unit_bytes = 0; ///< ZeRO stage 3: the units gathered at once at the peak
   int world = 1;
   int zero_stage = 0;
-  int64_t bucket_cap = 0;          ///< the DDP bucket cap in force
+  int64_t bucket_cap = 0;          ///< the largest gradient bucket: the cap in force (stage 3: or the largest unit)
   int state_fields = 0;            ///< optimizer state tensors per parameter element (Adam 2, SGD+momentum 1)
   bool snapshots = false;
   bool snapshot_through_rank_zero = false;  ///< small states: rank 0 writes what the others send

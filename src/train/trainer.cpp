@@ -245,6 +245,7 @@ MemoryPlan Trainer::plan_memory() {
   for (const auto& p : trainable(*model_)) in.trainable_bytes += bytes_of(p);
   in.world = runtime_.size();
   in.zero_stage = o.zero_stage;
+  int64_t largest_unit = 0;  // stage 3: the largest unit's parameters, bytes
   if (o.zero_stage == 3) {
     std::vector<int64_t> units;
     for (const auto& unit : model_->units()) {
@@ -252,6 +253,7 @@ MemoryPlan Trainer::plan_memory() {
       for (const auto& p : unit) units.back() += p.requires_grad() ? bytes_of(p) : 0;
     }
     std::sort(units.rbegin(), units.rend());
+    if (!units.empty()) largest_unit = units.front();
     const size_t gathered = !o.zero.reshard_after_forward ? units.size() : o.zero.prefetch ? 2 : 1;
     for (size_t k = 0; k < units.size(); ++k) {
       in.unit_bytes += units[k];
@@ -260,6 +262,8 @@ MemoryPlan Trainer::plan_memory() {
   }
   in.bucket_cap = o.ddp.bucket_cap_bytes != kAutoBucketCap ? o.ddp.bucket_cap_bytes
                                                           : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes);
+  // Stage 3 gives each unit a bucket of its own whatever the cap: the largest is what lives whole.
+  in.bucket_cap = std::max(in.bucket_cap, largest_unit);
   in.state_fields = state_fields(*optimizer_);
   in.snapshots = detail::SnapshotPolicy(o).enabled();
   const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;

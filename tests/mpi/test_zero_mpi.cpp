@@ -91,6 +91,21 @@ Case cnn() {
           }};
 }
 
+// A Sequential split by a wrap policy: its Linear children are units, its LayerNorm's parameters
+// stay outside them.
+Case sequential() {
+  return {[] {
+            torch::nn::Sequential seq(torch::nn::Linear(20, 33), torch::nn::LayerNorm(torch::nn::LayerNormOptions({33})),
+                                      torch::nn::ReLU(), torch::nn::Linear(33, 7), torch::nn::Tanh(), torch::nn::Linear(7, 4));
+            return mpiddp::SequentialUnits(seq, mpiddp::wrap_type<torch::nn::LinearImpl>()).ptr();
+          },
+          [](torch::nn::Module& m, int step, int micro, int rank, c10::Device device) {
+            seed_for(step, micro, rank);
+            auto x = torch::randn({kBatch, 20}), y = torch::randn({kBatch, 4});
+            return torch::mse_loss(dynamic_cast<mpiddp::SequentialUnitsImpl&>(m).forward(x.to(device)), y.to(device));
+          }};
+}
+
 // Without biases: the key projection's bias has a gradient that is zero but for rounding (softmax
 // ignores a score added to every key alike), and Adam divides that noise by eps into updates of
 // ~1e-6 that any change of summation order (the reduce-scatter's, the clipping norm's) moves.
@@ -334,6 +349,25 @@ TEST(Zero, GptEqualsDdpAndStaysTied) {
   }
 }
 
+TEST(Zero, SequentialByWrapPolicyEqualsDdp) {
+  const auto model = sequential().make();
+  const auto units = units_of(*model);
+  MPIDDP_EXPECT_ALL(units.size() == 3 && model->named_parameters().contains("0.weight") &&
+                    model->named_parameters().contains("1.weight"));  // the Linears; the LayerNorm's name kept
+  for (int stage : {1, 2, 3}) {
+    for (bool checkpointing : {false, true}) {
+      Spec s;
+      s.stage = stage;
+      s.optimizer = "sgd";  // (AdamW: 1.3e-6 at 4 ranks, the reduce-scatter's sums ordered apart, as at stage 2)
+      s.clip = 0.1;
+      s.accum = 2;
+      s.checkpointing = checkpointing;
+      const double diff = stage_vs_ddp(sequential(), s);
+      MPIDDP_EXPECT_ALL(diff <= 1e-6) << "stage " << stage << " checkpointing " << checkpointing << ": " << diff;
+    }
+  }
+}
+
 // Stage 3 without prefetch, and keeping units gathered from forward to backward: fp32 equal to
 // stage 0; a bf16 forward equal to stage 2 (stages 1-3 step the same shards; against stage 0 a
 // bf16 run differs at ~1e-4 already at stage 1, the whole and the sharded AdamW rounding apart).
@@ -545,6 +579,11 @@ TEST(Zero, RefusesWhatItCannotShard) {
   d.units = {model->layers[0]->parameters(), model->layers[0]->parameters()};
   MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::DistributedDataParallel(model, mpiddp::testing::checked_group("mpi"), d); })
                         .find("is in two units (0 and 1)") != std::string::npos);
+  // A wrap policy that picks nothing.
+  MPIDDP_EXPECT_ALL(error_of([] {
+                      mpiddp::SequentialUnits(torch::nn::Sequential(torch::nn::ReLU(), torch::nn::Tanh()),
+                                              mpiddp::wrap_type<torch::nn::LinearImpl>());
+                    }).find("the wrap policy picks none of the Sequential's 2 children") != std::string::npos);
   s.stage = 2;
   Training r = start(mlp(), s);
   torch::optim::RMSprop other(r.model->parameters(), torch::optim::RMSpropOptions(0.01));

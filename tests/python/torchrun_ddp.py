@@ -80,6 +80,7 @@ def main():
     dist.all_reduce(t)  # every rank reached the end
     if rank == 0:
         save(net.module, out)
+    dist.barrier()  # leave together: once (torch 2.11, gloo) a rank aborted in teardown while rank 0 still wrote
     dist.destroy_process_group()
 
 
