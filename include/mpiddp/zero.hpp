@@ -68,6 +68,11 @@ struct ZeroOptions {
   /// Stage 3: the next unit's all-gather is in flight while the current unit computes, in forward
   /// and in backward (at most two units gathered at once).
   bool prefetch = true;
+  /// Stage 3: when the ZeroOptimizer ends, the units' parameters are all-gathered whole again, so
+  /// that a caller reads the trained model (Trainer::fit() returns it so). false leaves them without
+  /// memory instead (reading one then is undefined): the whole model never exists on a rank; the
+  /// `mpiddp` executable, which reads nothing after training, does so.
+  bool whole_at_end = true;
 };
 
 class UnitHooks;

@@ -323,6 +323,7 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
   t.drop_last = c.drop_last;
   t.zero.prefetch = !c.zero_no_prefetch;
   t.zero.reshard_after_forward = !c.zero_keep_gathered;
+  t.zero.whole_at_end = false;  // nothing reads the model after fit(): at stage 3 it never exists whole
   if (vm["lr"].defaulted()) {
     const auto* optimizer = find_optimizer(c.optimizer);
     c.lr = optimizer ? optimizer->default_lr : 0.001;  // an unknown name fails in check_cli_flags

@@ -228,6 +228,17 @@ int state_fields(const torch::optim::Optimizer& optimizer) {
 
 int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// Drops a parameter's gradient as soon as autograd has accumulated it (the memory plan's probe).
+struct DropGradient : torch::autograd::FunctionPostHook {
+  explicit DropGradient(torch::Tensor p) : param(std::move(p)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    param.mutable_grad().reset();
+    return outputs;
+  }
+  torch::Tensor param;
+};
+
 }  // namespace
 
 MemoryPlan Trainer::plan_memory() {
@@ -288,6 +299,24 @@ int64_t Trainer::probe_activations(int64_t gradient_bytes) {
   for (const auto& [name, t] : model_->named_buffers()) buffers.emplace_back(t, t.clone());
   const auto batch = train_->read_range(0, std::min<int64_t>(o.batch_size, train_->size()));
   const auto params = trainable(*model_);
+  // At stages 2-3 a gradient is whole only while its bucket is reduced: here each is dropped as it
+  // arrives, so that the probe holds one at a time, not the model's (at stage 3 that was the
+  // start-up's peak, the whole model and its gradients: 8 B/param).
+  const bool drop_gradients = o.zero_stage >= 2;
+  struct Hooks {
+    std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> added;
+    ~Hooks() {
+      for (auto& [accumulator, key] : added) accumulator->del_post_hook(key);
+    }
+  } droppers;
+  if (drop_gradients) {
+    for (const auto& p : params) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(p);
+      if (!accumulator) continue;
+      const auto key = accumulator->add_post_hook(std::make_unique<DropGradient>(p));
+      droppers.added.emplace_back(std::move(accumulator), key);
+    }
+  }
   // The peak of a forward and backward over what the process holds now: the high-water mark is
   // reset to the current resident size first (Linux's clear_refs 5), then read after backward.
   // Where it cannot be reset, what the forward holds for backward (malloc's bytes in use).
@@ -301,7 +330,8 @@ int64_t Trainer::probe_activations(int64_t gradient_bytes) {
     loss.backward();
   }
   // The step's peak less the parameters' gradients (the plan counts those by ZeRO's rule).
-  const int64_t step_peak = peak_reset ? peak_resident_bytes() - resident - gradient_bytes : held;
+  const int64_t kept_gradients = drop_gradients ? 0 : gradient_bytes;
+  const int64_t step_peak = peak_reset ? peak_resident_bytes() - resident - kept_gradients : held;
   {
     torch::NoGradGuard no_grad;
     for (auto& p : params) p.mutable_grad().reset();

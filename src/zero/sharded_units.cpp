@@ -125,6 +125,7 @@ ShardedUnits::~ShardedUnits() {
   }
   spare_.clear();  // before the whole copies are made
   spares_ = 0;
+  if (!options_.whole_at_end) return;  // left without memory, as asked
   try {
     make_whole(gather);
   } catch (...) {

@@ -31,7 +31,8 @@ class ShardedUnits final : public UnitHooks {
   /// bucket by bucket. A failure (memory) leaves the buckets sharded so far NaN.
   ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& options);
   /// Leaves the parameters whole again: all-gathered into memory of their own (collective), or
-  /// NaN when an exception is unwinding (no collective can be trusted then).
+  /// NaN when an exception is unwinding (no collective can be trusted then); without memory where
+  /// ZeroOptions::whole_at_end is false.
   ~ShardedUnits() override;
   ShardedUnits(const ShardedUnits&) = delete;
   ShardedUnits& operator=(const ShardedUnits&) = delete;

@@ -464,6 +464,18 @@ TEST(ActivationCheckpointing, GptEqualsThePlainRunAtEveryStage) {
   MPIDDP_EXPECT_ALL(max_abs_diff(with.model->parameters(), without.model->parameters()) > 1e-4);
 }
 
+TEST(Zero, Stage3CanEndWithoutMakingTheModelWhole) {
+  Spec s;
+  s.stage = 3;
+  s.zero.whole_at_end = false;
+  Training r = start(gpt(), s);
+  train(r, gpt(), s, 0, 1);
+  r.end_zero();  // no all-gather: the units' parameters stay without memory
+  for (const auto& unit : units_of(*r.model)) {
+    for (const auto& p : unit) MPIDDP_EXPECT_ALL(p.storage().nbytes() == 0);
+  }
+}
+
 TEST(Zero, Stage3ShardsTheModelWithoutASecondCopy) {
   // The memory the units were built in goes back bucket by bucket while they are sharded: the
   // resident peak passes the larger of the sizes before and after by about one unit's slice, not by
