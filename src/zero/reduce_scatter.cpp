@@ -32,14 +32,16 @@ class ReduceScatter : public GradientReduction {
               ProcessGroup& pg) override {
     MPIDDP_CHECK(pg_ == nullptr, "a GradientReduction serves one DistributedDataParallel: make one per DDP");
     pg_ = &pg;
-    // Left unwritten (every reduce-scatter writes the whole shard): untouched pages take no memory
-    // until ZeroOptimizer zeroes them, after stage 3 has handed the model as built back.
+    // Left unwritten until a reduce-scatter writes them whole or someone asks for them (zeroed
+    // then): untouched pages take no memory, so at stage 3 they come after the model as built went.
     for (size_t b = 0; b < buckets.size(); ++b) shards_.push_back(torch::empty({buckets[b].padded / pg.size()}, options[b]));
+    written_.assign(buckets.size(), false);
     divisors_ = detail::divisors(options, pg.size());
     wires_.assign(buckets.size(), {});
   }
 
   WorkHandle launch(size_t b, const torch::Tensor& buffer) override {
+    written_[b] = true;
     if (!wire_) return pg_->reduce_scatter_async(buffer, shards_[b], ReduceOp::kSum);
     auto& [whole, slice] = wires_[b];
     whole = buffer.to(*wire_);
@@ -59,13 +61,20 @@ class ReduceScatter : public GradientReduction {
     if (b < wires_.size()) wires_[b] = {};
   }
 
-  torch::Tensor owned_gradient(size_t b, const torch::Tensor& /*buffer*/) const override { return shards_[b]; }
+  torch::Tensor owned_gradient(size_t b, const torch::Tensor& /*buffer*/) const override {
+    if (!written_[b]) {
+      shards_[b].zero_();
+      written_[b] = true;
+    }
+    return shards_[b];
+  }
 
  private:
   int stage_;
   std::optional<c10::ScalarType> wire_;
   ProcessGroup* pg_ = nullptr;
   std::vector<torch::Tensor> shards_;
+  mutable std::vector<bool> written_;  ///< each shard written (reduced into, or zeroed when first asked for)
   std::vector<torch::Tensor> divisors_;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> wires_;  ///< compressed: the bucket and the slice on the wire
 };

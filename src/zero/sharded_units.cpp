@@ -106,13 +106,12 @@ void ShardedUnits::shard(size_t b, const BucketLayout& layout, const std::vector
     const auto& p = params[layout.params[s]];
     views.push_back(bucket.full.narrow(0, layout.offsets[s], p.numel()).view(p.sizes()));
   }
-  free_bytes(bucket.full);
+  for (size_t i : layout.params) bucket.params.push_back(params[i]);
   bucket.offsets = layout.offsets;
-  for (size_t s = 0; s < layout.params.size(); ++s) {
-    bucket.params.push_back(params[layout.params[s]]);
-    bucket.params.back().set_data(views[s]);
-  }
+  // From here nothing throws: the bucket counts as sharded (make_whole's) once its parameters move.
+  free_bytes(bucket.full);
   bucket.shard = std::move(shard);
+  for (size_t s = 0; s < bucket.params.size(); ++s) bucket.params[s].set_data(views[s]);
 }
 
 ShardedUnits::~ShardedUnits() {

@@ -55,14 +55,12 @@ ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimiz
     MPIDDP_CHECK(p.is_contiguous(), "ZeRO needs contiguous parameters (a view of each is stepped in place)");
   }
   if (stage() == 3) units_ = std::make_unique<detail::ShardedUnits>(ddp, options);
-  // Only now the gradient shards' pages (zero_reduction's are left unwritten): at stage 3 after the
-  // model as built went back, so that the start-up peak holds one of the two, not both.
-  for (size_t b = 0; b < buckets.size(); ++b) ddp.owned_gradient(b).zero_();
   for (size_t b = 0; b < buckets.size(); ++b) {
     for_each_in_slice(b, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t numel) {
       pieces_.push_back({i, b, in_param, in_bucket, numel});
     });
   }
+  // (After stage 3's sharding: the gradient shards' pages are first touched here, below.)
   for (const auto& piece : pieces_) {
     const int64_t in_slice = piece.in_bucket - slice_begin(piece.bucket);
     auto shard = units_ && units_->sharded(piece.bucket)
