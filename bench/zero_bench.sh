@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# ZeRO's memory and speed without snapshots (with them, as a run has them: bench/snapshot_bench.sh):
-# the built-in GPT of 6 layers x 6 heads x 384 (block 256, vocabulary 256: 10.84 M parameters),
-# AdamW, micro-batch 4, 2 ranks x 1 thread, default options (the bucket cap by the reduction's rule;
-# MPIDDP_ZERO_BUCKET_MB sets one), rounds interleaved. Contenders: --zero-stage 0, 1, 2, 3; stage 3
+# ZeRO's memory and speed in the run a user makes: the built-in GPT of LAYERS (6) layers x 6 heads x
+# 384 (block 256, vocabulary 256: 10.84 M parameters at 6 layers), AdamW, micro-batch 4, RANKS (2)
+# x 1 thread, default options (the bucket cap by the reduction's rule; MPIDDP_ZERO_BUCKET_MB sets
+# one), a snapshot every 3 steps (MPIDDP_ZERO_SNAPSHOTS=0: none), rounds interleaved. Contenders: --zero-stage 0, 1, 2, 3; stage 3
 # without prefetch (--zero-no-prefetch); stage 3 with activation checkpointing (its memory at long
 # contexts: bench/checkpoint_bench.sh).
 # Per contender: each rank's peak RSS (GNU time) in the long run and its share of the ideal saving
 # (stage 1: 8 B/param x (N-1)/N, Adam's two moments; stage 2: 12, also the gradient; stage 3: 16,
 # also the parameters); tokens/s as the wall-clock marginal of two run lengths (start-up cancels).
 # Records (bench/lib.sh); the table by bench/report.py, against stage 0.
-#   usage: bench/zero_bench.sh [BUILD_DIR] [ROUNDS] [RANKS]
+#   usage: bench/zero_bench.sh [BUILD_DIR] [ROUNDS] [RANKS] [LAYERS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
 bench_init zero 2 "${1:-}" "${2:-}"
 ranks=${3:-2}
+layers=${4:-6}
 bash scripts/deps.sh time >&2
 bash scripts/build.sh "$build" >&2
 text=$(workload_text)
-layers=6 heads=6 width=384 block=256 vocab=256 batch=4
+heads=6 width=384 block=256 vocab=256 batch=4
 buckets=()
 [ -n "${MPIDDP_ZERO_BUCKET_MB:-}" ] && buckets=(--bucket-cap-mb "$MPIDDP_ZERO_BUCKET_MB")
+work=$(mktemp -d -p "$build")
+trap 'rm -rf "$work"' EXIT
+snapshots=()
+[ "${MPIDDP_ZERO_SNAPSHOTS:-1}" = 0 ] || snapshots=(--snapshot-dir "$work/snaps" --save-every-steps 3)
 # contender|flags
 contenders=("stage 0|--zero-stage 0" "stage 1|--zero-stage 1" "stage 2|--zero-stage 2" "stage 3|--zero-stage 3"
             "stage 3, no prefetch|--zero-stage 3 --zero-no-prefetch"
@@ -30,14 +35,15 @@ for round in $(seq 1 "$rounds"); do
   for c in "${contenders[@]}"; do
     IFS='|' read -r who flags <<<"$c"
     for steps in 3 9; do
-      rss=$(mktemp)
+      rss=$(mktemp -p "$work")
+      rm -rf "$work/snaps"
       t0=$(date +%s.%N)
       # shellcheck disable=SC2086  # flags: several words
       mpirun -np "$ranks" "${MPIRUN_FLAGS[@]}" --bind-to core /usr/bin/time -a -o "$rss" -f %M "$build/mpiddp" train \
         --model gpt --n-layer $layers --n-head $heads --n-embd $width --block-size $block --vocab-size $vocab \
         --data "$text" --batch-size $batch --max-steps $steps --epochs 1000 \
         --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight-decay 0.1 --weight-decay-params matrices \
-        --clip-grad-norm 1.0 $flags "${buckets[@]}" --threads 1 \
+        --clip-grad-norm 1.0 $flags "${buckets[@]}" "${snapshots[@]}" --threads 1 \
         --log-every 0 >/dev/null
       t1=$(date +%s.%N)
       /usr/bin/python3 -c 'import json, sys

@@ -44,7 +44,8 @@ struct GptConfig {
   static GptConfig from_json(const std::string& text);
 };
 
-/// ZeRO stage 3's units (units.hpp): each transformer block.
+/// ZeRO stage 3's units (units.hpp): the embeddings (wte, wpe), each transformer block, and the head
+/// (ln_f; it borrows the embeddings unit for lm_head's weight, which is wte).
 class GptImpl : public torch::nn::Module, public Checkpointable, public UnitModule, public FlopCounted {
  public:
   /// Builds and initialises the model (draws from the global CPU generator: seed it first).

@@ -2,10 +2,10 @@
 // C++ module that implements UnitModule names its units (child modules, in the order its forward
 // runs them) and runs each one's forward through run_unit(); under ZeRO stage 3 (zero.hpp) each
 // rank then holds 1/N of the units' parameters, and a unit's parameters are gathered just before
-// its forward and again before its backward. The built-in GPT (a unit per transformer block), MLP
-// and CNN (a unit per layer) are UnitModules. Parameters outside every unit (the GPT's embeddings,
-// its tied head and final LayerNorm; every parameter of a TorchScript module or of a module that is
-// no UnitModule) stay whole on every rank, as at stage 2.
+// its forward and again before its backward. The built-in GPT (its embeddings, each transformer
+// block, its head), MLP and CNN (a unit per layer) are UnitModules. Parameters outside every unit
+// (every parameter of a TorchScript module or of a module that is no UnitModule) stay whole on every
+// rank, as at stage 2.
 //
 //   struct NetImpl : torch::nn::Module, mpiddp::UnitModule {
 //     std::vector<std::shared_ptr<torch::nn::Module>> units() const override { return {fc1.ptr(), fc2.ptr()}; }
@@ -16,7 +16,9 @@
 //   };
 //
 // A unit's forward must read only its own parameters besides its input (and the parameters outside
-// every unit), and each unit runs once per forward.
+// every unit), or name the units whose parameters it also reads (a tied weight: the GPT's head reads
+// the token embedding, which is the embeddings unit's, as run_unit(last, head, x, {0})); each unit
+// runs once per forward.
 //
 // A model built as a torch::nn::Sequential needs no code of its own: SequentialUnits takes it with
 // a wrap policy (FSDP's auto-wrap policy) that picks the children that are units:
@@ -45,21 +47,27 @@ using UnitForward = std::function<torch::Tensor(const torch::Tensor&)>;
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
-  /// Runs `forward(input)` as unit `unit`'s forward and returns its output.
-  virtual torch::Tensor run(size_t unit, const UnitForward& forward, const torch::Tensor& input) = 0;
+  /// Runs `forward(input)` as unit `unit`'s forward, which also reads the parameters of the units
+  /// `borrowed` (a weight tied to theirs), and returns its output.
+  virtual torch::Tensor run(size_t unit, const UnitForward& forward, const torch::Tensor& input,
+                            const std::vector<size_t>& borrowed) = 0;
 };
 
 class UnitModule {
  public:
   virtual ~UnitModule() = default;
-  /// The units, in the order forward runs them.
+  /// The units, in the order forward runs them. A unit may be a module that is no child of the
+  /// model, grouping children of its (the GPT's embeddings unit holds transformer.wte and .wpe):
+  /// only its parameters count.
   virtual std::vector<std::shared_ptr<torch::nn::Module>> units() const = 0;
   /// Every later forward runs its units through `hooks` (nullptr: plainly).
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
 
  protected:
-  torch::Tensor run_unit(size_t unit, const UnitForward& forward, const torch::Tensor& input) const {
-    return hooks_ ? hooks_->run(unit, forward, input) : forward(input);
+  /// `borrowed`: the units whose parameters `forward` reads besides unit `unit`'s (a tied weight).
+  torch::Tensor run_unit(size_t unit, const UnitForward& forward, const torch::Tensor& input,
+                         const std::vector<size_t>& borrowed = {}) const {
+    return hooks_ ? hooks_->run(unit, forward, input, borrowed) : forward(input);
   }
 
  private:

@@ -125,11 +125,22 @@ struct TransformerImpl : nn::Module {
 };
 TORCH_MODULE(Transformer);
 
+// ZeRO stage 3's embeddings unit: transformer.wte and .wpe as one group, no child of the model (so
+// that their names stay nanoGPT's).
+struct EmbeddingsImpl : nn::Module {
+  explicit EmbeddingsImpl(const Transformer& t) {
+    register_module("wte", t->wte);
+    register_module("wpe", t->wpe);
+  }
+};
+TORCH_MODULE(Embeddings);
+
 }  // namespace
 
 struct GptImpl::Parts {
   Transformer transformer{nullptr};
   SharedWeight lm_head{nullptr};
+  Embeddings embeddings{nullptr};
 };
 
 void GptConfig::validate() const {
@@ -175,6 +186,7 @@ GptImpl::GptImpl(const GptConfig& config) : config_(config), parts_(std::make_sh
   const auto token_embedding = torch::empty({c.vocab_size, c.n_embd});
   parts_->transformer = register_module("transformer", Transformer(c, token_embedding));
   parts_->lm_head = register_module("lm_head", SharedWeight(token_embedding));
+  parts_->embeddings = Embeddings(parts_->transformer);
   // nanoGPT's _init_weights, then the scaled residual projections.
   torch::NoGradGuard no_grad;
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
@@ -211,23 +223,29 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   const int64_t t = idx.size(1);
   MPIDDP_CHECK(t <= config_.block_size, "cannot forward a sequence of length " + std::to_string(t) +
                                             ", the block size is only " + std::to_string(config_.block_size));
+  // Units (ZeRO stage 3): the embeddings, each block, the head (which reads the embeddings' wte).
   auto& tr = *parts_->transformer;
-  const auto pos = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
-  auto x = tr.drop(tr.wte->embed(idx) + tr.wpe(pos));
+  auto x = run_unit(0, [&tr](const torch::Tensor& tokens) {
+    const auto pos = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+    return tr.drop(tr.wte->embed(tokens) + tr.wpe(pos));
+  }, idx);
   for (size_t i = 0; i < tr.h->size(); ++i) {
     auto* block = tr.h[i]->as<BlockImpl>();
-    x = run_unit(i, [this, block](const torch::Tensor& in) {
+    x = run_unit(i + 1, [this, block](const torch::Tensor& in) {
           return checkpointing_ ? checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, in, block->parameters())
                                 : block->forward(in);
         }, x);
   }
-  return parts_->lm_head->project(tr.ln_f(x));
+  const size_t head = tr.h->size() + 1;
+  return run_unit(head, [this, &tr](const torch::Tensor& in) { return parts_->lm_head->project(tr.ln_f(in)); }, x,
+                  /*borrowed=*/{0});
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> GptImpl::units() const {
-  std::vector<std::shared_ptr<torch::nn::Module>> blocks;
-  for (const auto& block : *parts_->transformer->h) blocks.push_back(block);
-  return blocks;
+  std::vector<std::shared_ptr<torch::nn::Module>> units{parts_->embeddings.ptr()};
+  for (const auto& block : *parts_->transformer->h) units.push_back(block);
+  units.push_back(parts_->transformer->ln_f.ptr());
+  return units;
 }
 
 torch::Tensor GptImpl::generate(torch::Tensor idx, int64_t max_new_tokens, double temperature, int64_t top_k) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <exception>
 #include <limits>
+#include <string>
 
 namespace mpiddp::detail {
 
@@ -69,6 +70,7 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     if (buckets_of_unit_.size() <= static_cast<size_t>(unit)) buckets_of_unit_.resize(static_cast<size_t>(unit) + 1);
     buckets_of_unit_[static_cast<size_t>(unit)].push_back(b);
   }
+  for (size_t u = 0; u < buckets_of_unit_.size(); ++u) set_of_unit_.push_back({u});
   for (const auto& buckets : buckets_of_unit_) max_spares_ = std::max(max_spares_, 2 * buckets.size());
   // Bucket by bucket, so that the memory the parameters were built in goes back while the next
   // bucket is sharded: the peak is the model as it came plus one bucket's slice, never a second
@@ -154,23 +156,32 @@ void ShardedUnits::make_whole(bool gather) {
 }
 
 void ShardedUnits::start(size_t unit) {
-  for (size_t b : buckets_of_unit_[unit]) {
-    auto& bucket = buckets_[b];
-    if (bucket.live) continue;
-    give_bytes(bucket.full);
-    bucket.live = true;
-    bucket.gathering = pg_.allgather_async(bucket.shard, bucket.full);
+  for (size_t u : set_of_unit_[unit]) {
+    for (size_t b : buckets_of_unit_[u]) {
+      auto& bucket = buckets_[b];
+      if (bucket.live) continue;
+      give_bytes(bucket.full);
+      bucket.live = true;
+      bucket.gathering = pg_.allgather_async(bucket.shard, bucket.full);
+    }
   }
 }
 
 void ShardedUnits::gather(size_t unit) {
   start(unit);
-  for (size_t b : buckets_of_unit_[unit]) {
-    auto& work = buckets_[b].gathering;
-    if (!work) continue;
-    work->wait();
-    work.reset();
+  for (size_t u : set_of_unit_[unit]) {
+    for (size_t b : buckets_of_unit_[u]) {
+      auto& work = buckets_[b].gathering;
+      if (!work) continue;
+      work->wait();
+      work.reset();
+    }
   }
+}
+
+bool ShardedUnits::in_set(size_t unit, size_t of) const {
+  const auto& set = set_of_unit_[of];
+  return std::find(set.begin(), set.end(), unit) != set.end();
 }
 
 void ShardedUnits::release(size_t unit) {
@@ -196,14 +207,30 @@ size_t ShardedUnits::gathered_units() const {
   }));
 }
 
-torch::Tensor ShardedUnits::run(size_t unit, const UnitForward& forward, const torch::Tensor& input) {
-  if (unit >= buckets_of_unit_.size()) return forward(input);  // a unit without trainable parameters
+torch::Tensor ShardedUnits::run(size_t unit, const UnitForward& forward, const torch::Tensor& input,
+                                const std::vector<size_t>& borrowed) {
+  const size_t units = buckets_of_unit_.size();
+  if (unit >= units) {  // a unit without trainable parameters, after the last one that has some
+    MPIDDP_CHECK(borrowed.empty(), "ZeRO stage 3: unit " + std::to_string(unit) +
+                                       " borrows other units' parameters but has no trainable parameters of its own");
+    return forward(input);
+  }
+  auto& set = set_of_unit_[unit];
+  set.assign(1, unit);
+  for (size_t u : borrowed) {
+    if (u < units && u != unit) set.push_back(u);  // a unit without trainable parameters has nothing to gather
+  }
   gather(unit);
-  if (options_.prefetch && unit + 1 < buckets_of_unit_.size()) start(unit + 1);
+  const bool prefetching = options_.prefetch && unit + 1 < units;
+  if (prefetching) start(unit + 1);
   auto output = forward(input);
-  // The last unit's backward comes next: it stays gathered for it (one all-gather less per step).
-  const bool backward_next = unit + 1 == buckets_of_unit_.size() && torch::GradMode::is_enabled();
-  if (options_.reshard_after_forward && !backward_next) release(unit);
+  // The last unit's backward comes next: its set stays gathered for it (all-gathers fewer per step).
+  const bool backward_next = unit + 1 == units && torch::GradMode::is_enabled();
+  if (options_.reshard_after_forward && !backward_next) {
+    for (size_t u : set) {
+      if (!(prefetching && in_set(u, unit + 1))) release(u);
+    }
+  }
   if (torch::GradMode::is_enabled() && output.requires_grad()) {
     std::weak_ptr<ShardedUnits*> self = self_;
     output.register_hook([self, unit](const torch::Tensor& grad) {
@@ -225,10 +252,16 @@ void ShardedUnits::before_backward(size_t unit) {
       if (pass->units) pass->units->release_all();
     });
   }
-  // Backward runs the units in reverse: those after `unit` are done (their gradients are in).
-  for (size_t later = unit + 1; later < buckets_of_unit_.size(); ++later) release(later);
+  // Backward runs the units in reverse: those after `unit` are done (their gradients are in), and
+  // so are the units they borrowed unless `unit` or the next one needs them; units before `unit`
+  // kept from forward (reshard_after_forward false) stay until their backward.
+  const bool prefetching = options_.prefetch && unit > 0;
+  for (size_t u = 0; u < buckets_of_unit_.size(); ++u) {
+    const bool needed = in_set(u, unit) || (prefetching && in_set(u, unit - 1));
+    if (!needed && (u > unit || options_.reshard_after_forward)) release(u);
+  }
   gather(unit);
-  if (options_.prefetch && unit > 0) start(unit - 1);
+  if (prefetching) start(unit - 1);
 }
 
 }  // namespace mpiddp::detail

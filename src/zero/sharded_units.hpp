@@ -1,16 +1,18 @@
 // ZeRO stage 3's parameters (zero.hpp): each bucket of a unit (BucketLayout::unit >= 0) keeps this
 // rank's 1/N slice of its parameters, and the parameters themselves are views of one flat buffer
-// per bucket whose memory exists only while their unit is gathered (FSDP's flat parameter):
-//   forward   run(u): unit u gathered (or its prefetch awaited), unit u + 1's all-gather started,
-//             u's forward, u freed (reshard_after_forward), a hook on u's output for backward;
-//   backward  that hook, before u's backward (and before a checkpointed unit's recompute): the
-//             units after u freed (their gradients are in), u gathered, u - 1's all-gather started;
-//             at the end of the pass every unit freed.
+// per bucket whose memory exists only while their unit is gathered (FSDP's flat parameter). A
+// unit's forward may borrow other units (a tied weight): "unit u's set" is u and those it borrows.
+//   forward   run(u): u's set gathered (or its prefetch awaited), unit u + 1's set's all-gathers
+//             started, u's forward, u's set freed but for what u + 1 needs (reshard_after_forward),
+//             a hook on u's output for backward;
+//   backward  that hook, before u's backward (and before a checkpointed unit's recompute): every
+//             unit freed but u's set and u - 1's (the later units' gradients are in), u's set
+//             gathered, u - 1's set's all-gathers started; at the end of the pass every unit freed.
 // A freed buffer keeps its tensors' shapes and autograd's saved references; only its storage's
 // bytes go (resized to 0 and allocated again before the next gather writes them).
 //
-// Cross-rank contract: every rank runs the same units in the same order (forward and backward), so
-// the all-gathers match; each all-gather is started and awaited in unit order.
+// Cross-rank contract: every rank runs the same units in the same order (forward and backward),
+// borrowing alike, so the all-gathers match; each all-gather is started and awaited in unit order.
 #pragma once
 
 #include <mpiddp/ddp.hpp>
@@ -46,7 +48,8 @@ class ShardedUnits final : public UnitHooks {
   /// Units gathered now (memory: each a full unit).
   size_t gathered_units() const;
 
-  torch::Tensor run(size_t unit, const UnitForward& forward, const torch::Tensor& input) override;
+  torch::Tensor run(size_t unit, const UnitForward& forward, const torch::Tensor& input,
+                    const std::vector<size_t>& borrowed) override;
 
  private:
   struct Bucket {
@@ -60,9 +63,10 @@ class ShardedUnits final : public UnitHooks {
   struct Pass;  ///< one backward pass: frees every unit when it ends (or is dropped, on an error)
   /// Keeps this rank's slice of bucket b and moves its parameters onto views of `full` (no bytes).
   void shard(size_t b, const BucketLayout& layout, const std::vector<torch::Tensor>& params);
-  void start(size_t unit);    ///< allocates the unit's buffers and starts their all-gathers
+  void start(size_t unit);    ///< allocates the buffers of unit's set and starts their all-gathers
   void gather(size_t unit);   ///< start(unit) if needed, and waits for it
-  void release(size_t unit);  ///< waits for an all-gather in flight, frees the buffers
+  void release(size_t unit);  ///< unit's own buffers: waits for an all-gather in flight, frees them
+  bool in_set(size_t unit, size_t of) const;  ///< whether `unit` is in unit `of`'s set
   void before_backward(size_t unit);
   void make_whole(bool gather);  ///< the destructor's
   void give_bytes(const torch::Tensor& t);  ///< a spare buffer of t's size (or a new one) as t's storage's bytes
@@ -72,6 +76,7 @@ class ShardedUnits final : public UnitHooks {
   ZeroOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> buckets_of_unit_;
+  std::vector<std::vector<size_t>> set_of_unit_;  ///< each unit and those it borrows (as its last run said)
   std::unordered_map<size_t, std::vector<c10::DataPtr>> spare_;  ///< CPU: freed buffers by size, for reuse
   size_t spares_ = 0;      ///< buffers in spare_
   size_t max_spares_ = 0;  ///< twice the most buckets a unit has: about what is gathered at once

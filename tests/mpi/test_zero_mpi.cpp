@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -389,51 +390,75 @@ TEST(Zero, Stage3GatheringOptionsEqualDdp) {
 }
 
 // Stage 3 holds its slices only: outside forward and backward no unit's parameter has memory; the
-// ranks' slices together are every element once; while a unit computes at most it and the next
-// one are gathered (prefetch), and no more without prefetch than the unit itself.
-TEST(Zero, Stage3HoldsItsSlicesAndAtMostTwoUnits) {
+// ranks' slices together are every element once, and every GPT parameter is in a unit (the head
+// borrows the embeddings' tied weight). While a unit computes its set (itself and the units it
+// borrows) is gathered, and besides it only the next unit's set (prefetch), or nothing without it.
+TEST(Zero, Stage3HoldsItsSlicesAndGathersOnlyWhatAUnitNeeds) {
   for (bool prefetch : {true, false}) {
     Spec s;
     s.stage = 3;
     s.zero.prefetch = prefetch;
     Training r = start(gpt(), s);
+    const auto units = units_of(*r.model);
     auto unit_bytes = [&] {
       int64_t bytes = 0;
-      for (const auto& unit : units_of(*r.model)) {
+      for (const auto& unit : units) {
         for (const auto& p : unit) bytes += static_cast<int64_t>(p.storage().nbytes());
       }
       return bytes;
     };
     MPIDDP_EXPECT_ALL(unit_bytes() == 0) << unit_bytes();
-    int64_t total = 0;
+    int64_t total = 0, in_units = 0;
     for (const auto& p : distinct(r.model->parameters())) total += p.numel();
+    for (const auto& unit : units) {
+      for (const auto& p : unit) in_units += p.numel();
+    }
+    MPIDDP_EXPECT_ALL(in_units == total) << in_units << " of " << total << " parameters in units";
     auto owned = torch::tensor({r.zero->owned_numel()}, torch::kLong);
     r.ddp->process_group().allreduce(owned);
     MPIDDP_EXPECT_ALL(owned.item<int64_t>() == total) << owned.item<int64_t>() << " vs " << total;
-    // A probe inside each unit's forward counts the units whose memory exists then.
+    // A probe inside each unit's forward notes the units whose memory exists then.
     struct Probe : mpiddp::UnitHooks {
       mpiddp::UnitHooks* inner = nullptr;
-      std::function<int64_t()> gathered;
-      int64_t most = 0;
-      torch::Tensor run(size_t unit, const mpiddp::UnitForward& forward, const torch::Tensor& input) override {
-        return inner->run(unit, [&](const torch::Tensor& x) {
-          most = std::max(most, gathered());
+      std::function<std::set<size_t>()> gathered;
+      std::map<size_t, std::set<size_t>> set_of;        // each unit and those it borrows
+      std::vector<std::pair<size_t, std::set<size_t>>> seen;  // per forward: the unit, what was gathered
+      torch::Tensor run(size_t unit, const mpiddp::UnitForward& forward, const torch::Tensor& input,
+                        const std::vector<size_t>& borrowed) override {
+        set_of[unit] = {unit};
+        set_of[unit].insert(borrowed.begin(), borrowed.end());
+        return inner->run(unit, [&, unit](const torch::Tensor& x) {
+          seen.emplace_back(unit, gathered());
           return forward(x);
-        }, input);
+        }, input, borrowed);
       }
     } probe;
     probe.inner = r.zero->unit_hooks();
     probe.gathered = [&] {
-      int64_t n = 0;
-      for (const auto& unit : units_of(*r.model)) n += unit.front().storage().nbytes() > 0 ? 1 : 0;
-      return n;
+      std::set<size_t> live;
+      for (size_t u = 0; u < units.size(); ++u) {
+        if (units[u].front().storage().nbytes() > 0) live.insert(u);
+      }
+      return live;
     };
     dynamic_cast<mpiddp::UnitModule&>(*r.model).set_unit_hooks(&probe);
     train(r, gpt(), s, 0, 2);
-    MPIDDP_EXPECT_ALL(probe.most == (prefetch ? 2 : 1)) << "prefetch " << prefetch << ": " << probe.most;
+    const size_t last = units.size() - 1;
+    MPIDDP_EXPECT_ALL(probe.set_of.size() == units.size() && probe.set_of[last] == std::set<size_t>({0, last}));
+    bool prefetched = false;
+    for (const auto& [unit, live] : probe.seen) {
+      auto allowed = probe.set_of[unit];
+      if (prefetch && unit < last) allowed.insert(probe.set_of[unit + 1].begin(), probe.set_of[unit + 1].end());
+      const bool needs_met = std::includes(live.begin(), live.end(), probe.set_of[unit].begin(), probe.set_of[unit].end());
+      const bool no_more = std::includes(allowed.begin(), allowed.end(), live.begin(), live.end());
+      MPIDDP_EXPECT_ALL(needs_met && no_more) << "prefetch " << prefetch << ", unit " << unit << ": " << live.size()
+                                              << " units gathered";
+      prefetched = prefetched || live.size() > probe.set_of[unit].size();
+    }
+    MPIDDP_EXPECT_ALL(prefetched == prefetch);
     MPIDDP_EXPECT_ALL(unit_bytes() == 0) << unit_bytes();
     r.end_zero();  // whole again: every unit's parameters have memory of their own
-    for (const auto& unit : units_of(*r.model)) {
+    for (const auto& unit : units) {
       for (const auto& p : unit) {
         MPIDDP_EXPECT_ALL(static_cast<int64_t>(p.storage().nbytes()) >= p.numel() * p.element_size());
       }
@@ -471,7 +496,7 @@ TEST(Zero, Stage3CanEndWithoutMakingTheModelWhole) {
   Training r = start(gpt(), s);
   train(r, gpt(), s, 0, 1);
   r.end_zero();  // no all-gather: the units' parameters stay without memory
-  MPIDDP_EXPECT_ALL(units_of(*r.model).size() == 2);
+  MPIDDP_EXPECT_ALL(units_of(*r.model).size() == static_cast<size_t>(gpt_config().n_layer) + 2);
   for (const auto& unit : units_of(*r.model)) {
     for (const auto& p : unit) MPIDDP_EXPECT_ALL(p.storage().nbytes() == 0);
   }
