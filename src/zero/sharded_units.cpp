@@ -23,9 +23,10 @@ size_t bytes_of(const torch::Tensor& t) { return static_cast<size_t>(t.numel()) 
 }  // namespace
 
 // On the CPU a gathered bucket's bytes come from a spare buffer of its size where one is kept,
-// else from the allocator; at most as many buffers are kept as the two largest units have buckets
-// (what is gathered at once), so gathering a model of equal blocks never churns the heap and
-// units of other sizes cost no more than they did. On a GPU the caching allocator does this.
+// else from the allocator; spare buffers are kept up to twice the largest unit's bytes (about what
+// is gathered at once; a limit by bytes, so that small units' buffers, as the GPT's head, do not
+// crowd out a block's), so gathering a model of equal blocks never churns the heap and units of
+// other sizes cost no more than they did. On a GPU the caching allocator does this.
 void ShardedUnits::give_bytes(const torch::Tensor& t) {
   auto* storage = t.storage().unsafeGetStorageImpl();
   const size_t bytes = bytes_of(t);
@@ -33,7 +34,7 @@ void ShardedUnits::give_bytes(const torch::Tensor& t) {
   if (spare != spare_.end() && !spare->second.empty()) {
     storage->set_data_ptr_noswap(std::move(spare->second.back()));
     spare->second.pop_back();
-    --spares_;
+    spare_bytes_ -= bytes;
   } else {
     storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   }
@@ -42,11 +43,11 @@ void ShardedUnits::give_bytes(const torch::Tensor& t) {
 
 // The bytes back among the spare buffers (or freed); the storage left without any (its tensors too).
 void ShardedUnits::take_bytes(const torch::Tensor& t) {
-  if (!t.device().is_cpu() || spares_ >= max_spares_) return free_bytes(t);
+  if (!t.device().is_cpu() || spare_bytes_ + bytes_of(t) > max_spare_bytes_) return free_bytes(t);
   auto* storage = t.storage().unsafeGetStorageImpl();
   spare_[bytes_of(t)].push_back(storage->set_data_ptr(c10::DataPtr(nullptr, t.device())));
   storage->set_nbytes(0);
-  ++spares_;
+  spare_bytes_ += bytes_of(t);
 }
 
 struct ShardedUnits::Pass {
@@ -71,7 +72,6 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     buckets_of_unit_[static_cast<size_t>(unit)].push_back(b);
   }
   for (size_t u = 0; u < buckets_of_unit_.size(); ++u) set_of_unit_.push_back({u});
-  for (const auto& buckets : buckets_of_unit_) max_spares_ = std::max(max_spares_, 2 * buckets.size());
   // Bucket by bucket, so that the memory the parameters were built in goes back while the next
   // bucket is sharded: the peak is the model as it came plus one bucket's slice, never a second
   // copy of the units. A failure part-way (memory) leaves the buckets sharded so far NaN, as the
@@ -88,6 +88,11 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     throw;
   }
   release_free_memory();  // the units as they were built: freed for good, not kept resident by malloc
+  for (const auto& buckets : buckets_of_unit_) {
+    size_t bytes = 0;
+    for (size_t b : buckets) bytes += bytes_of(buckets_[b].full);
+    max_spare_bytes_ = std::max(max_spare_bytes_, 2 * bytes);
+  }
 }
 
 void ShardedUnits::shard(size_t b, const BucketLayout& layout, const std::vector<torch::Tensor>& params) {
@@ -125,7 +130,7 @@ ShardedUnits::~ShardedUnits() {
     gather = false;
   }
   spare_.clear();  // before the whole copies are made
-  spares_ = 0;
+  spare_bytes_ = 0;
   if (!options_.whole_at_end) return;  // left without memory, as asked
   try {
     make_whole(gather);

@@ -78,8 +78,8 @@ class ShardedUnits final : public UnitHooks {
   std::vector<std::vector<size_t>> buckets_of_unit_;
   std::vector<std::vector<size_t>> set_of_unit_;  ///< each unit and those it borrows (as its last run said)
   std::unordered_map<size_t, std::vector<c10::DataPtr>> spare_;  ///< CPU: freed buffers by size, for reuse
-  size_t spares_ = 0;      ///< buffers in spare_
-  size_t max_spares_ = 0;  ///< twice the most buckets a unit has: about what is gathered at once
+  size_t spare_bytes_ = 0;      ///< the buffers' in spare_
+  size_t max_spare_bytes_ = 0;  ///< twice the largest unit's: about what is gathered at once
   std::weak_ptr<Pass> pass_;
   std::shared_ptr<ShardedUnits*> self_;  ///< hooks on autograd's graph hold a weak reference
 };
