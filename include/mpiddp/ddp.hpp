@@ -42,6 +42,9 @@ namespace mpiddp {
 /// Default bucket caps, as PyTorch DDP: 25 MiB, and 1 MiB for the first bucket (the last
 /// layers' gradients, ready first) so communication starts early.
 constexpr int64_t kDefaultBucketCapBytes = 25LL << 20;
+/// Transient bucket buffers (ZeRO 2-3's reduce-scatter) launched and not yet finished, at most: an
+/// older one is waited for before the next launch (besides them, the bucket being filled).
+constexpr size_t kTransientBuffersInFlight = 2;
 constexpr int64_t kDefaultFirstBucketCapBytes = 1LL << 20;
 
 /// DdpOptions::bucket_cap_bytes: the reduction's rule (GradientReduction::bucket_cap).

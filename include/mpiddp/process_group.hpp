@@ -109,6 +109,9 @@ class ProcessGroup {
   const CommOptions& options() const { return options_; }
   /// Sequence number of the last collective issued (0 before the first).
   uint64_t sequence() const { return seq_; }
+  /// Memory the backend holds beside input and output while a reduce-scatter of `input_bytes` is in
+  /// flight (the memory plan's).
+  virtual int64_t reduce_scatter_scratch_bytes(int64_t /*input_bytes*/) const { return 0; }
   /// GPU time of this group's completed collectives, in seconds, from CUDA events recorded around
   /// each on the group's stream (nccl); nullopt where the backend does not measure it.
   virtual std::optional<double> device_seconds() const { return std::nullopt; }

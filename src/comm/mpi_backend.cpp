@@ -85,6 +85,16 @@ class MpiProcessGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "mpi"; }
+  // Open MPI's MPI_Ireduce_scatter_block (coll/libnbc, 4.x and 5.x) keeps two buffers of the whole
+  // input until it completes (nbc_ireduce_scatter_block.c: a binomial reduce, then a scatter);
+  // another MPI's is assumed to keep one.
+  int64_t reduce_scatter_scratch_bytes(int64_t input_bytes) const override {
+#if defined(OPEN_MPI) && OPEN_MPI
+    return 2 * input_bytes;
+#else
+    return input_bytes;
+#endif
+  }
   bool cuda_aware() const { return cuda_aware_; }
 
  protected:

@@ -514,7 +514,6 @@ void DistributedDataParallel::bound_transient_buffers() {
   // At most kTransientBuffersInFlight launched buckets keep their transient buffers; an older one is
   // waited for and dropped, so the whole gradient never exists at once (MPI's non-blocking
   // collectives move only when polled, and late buckets see few gradient hooks to poll them).
-  constexpr size_t kTransientBuffersInFlight = 2;
   size_t live = 0;
   for (size_t k = next_to_launch_; k-- > 0;) {
     Bucket& b = *buckets_[k];

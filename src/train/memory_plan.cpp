@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <mpiddp/ddp.hpp>
+
 #include "snapshot/parallel_snapshot.hpp"
 
 namespace mpiddp::detail {
@@ -15,9 +17,14 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                                        : in.model_bytes;
   plan.process = std::max<int64_t>(0, in.resident - in.model_bytes);
   const int64_t shard = (in.trainable_bytes + in.world - 1) / in.world;
-  // Stages 2-3 keep the owned slice of each averaged bucket; a bucket being filled and one being
-  // reduce-scattered are whole.
-  plan.gradients = in.zero_stage >= 2 ? shard + std::min(in.trainable_bytes, 2 * in.bucket_cap) : in.trainable_bytes;
+  plan.gradients = in.trainable_bytes;
+  if (in.zero_stage >= 2) {
+    // The owned slice of each averaged bucket; whole, the bucket being filled and those being
+    // reduce-scattered (DDP bounds them), each with what the backend holds while reducing it.
+    const auto in_flight = static_cast<int64_t>(kTransientBuffersInFlight);
+    const int64_t bucket = std::min(in.trainable_bytes, in.bucket_cap);
+    plan.gradients = shard + std::min(in.trainable_bytes, (1 + in_flight) * bucket) + in_flight * in.reduce_scatter_scratch;
+  }
   plan.optimizer_state = in.state_fields * (in.zero_stage >= 1 ? shard : in.trainable_bytes);
   plan.activations = in.activations;
   if (in.snapshots) {

@@ -17,6 +17,7 @@ struct PlanInputs {
   int world = 1;
   int zero_stage = 0;
   int64_t bucket_cap = 0;          ///< the largest gradient bucket: the cap in force (stage 3: or the largest unit)
+  int64_t reduce_scatter_scratch = 0;  ///< stages 2-3: what the backend holds beside such a bucket while reducing it
   int state_fields = 0;            ///< optimizer state tensors per parameter element (Adam 2, SGD+momentum 1)
   bool snapshots = false;
   bool snapshot_through_rank_zero = false;  ///< small states: rank 0 writes what the others send

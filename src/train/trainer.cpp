@@ -275,6 +275,7 @@ MemoryPlan Trainer::plan_memory() {
                                                           : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes);
   // Stage 3 gives each unit a bucket of its own whatever the cap: the largest is what lives whole.
   in.bucket_cap = std::max(in.bucket_cap, largest_unit);
+  if (o.zero_stage >= 2) in.reduce_scatter_scratch = pg_.reduce_scatter_scratch_bytes(in.bucket_cap);
   in.state_fields = state_fields(*optimizer_);
   in.snapshots = detail::SnapshotPolicy(o).enabled();
   const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;
