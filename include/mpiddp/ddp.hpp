@@ -42,10 +42,11 @@ namespace mpiddp {
 /// Default bucket caps, as PyTorch DDP: 25 MiB, and 1 MiB for the first bucket (the last
 /// layers' gradients, ready first) so communication starts early.
 constexpr int64_t kDefaultBucketCapBytes = 25LL << 20;
+constexpr int64_t kDefaultFirstBucketCapBytes = 1LL << 20;
+
 /// Transient bucket buffers (ZeRO 2-3's reduce-scatter) launched and not yet finished, at most: an
 /// older one is waited for before the next launch (besides them, the bucket being filled).
 constexpr size_t kTransientBuffersInFlight = 2;
-constexpr int64_t kDefaultFirstBucketCapBytes = 1LL << 20;
 
 /// DdpOptions::bucket_cap_bytes: the reduction's rule (GradientReduction::bucket_cap).
 constexpr int64_t kAutoBucketCap = 0;
@@ -111,6 +112,8 @@ class DistributedDataParallel {
   std::shared_ptr<torch::nn::Module> module() const { return module_; }
   ProcessGroup& process_group() { return pg_; }
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
+  /// How many units DdpOptions::units gave (ZeRO stage 3's; a unit may have no bucket).
+  size_t unit_count() const { return options_.units.size(); }
   /// The parameters it reduces (requires_grad, each tensor once), in registration order: the
   /// indices of BucketLayout::params.
   const std::vector<torch::Tensor>& parameters() const { return params_; }

@@ -4,9 +4,10 @@
 //   process          the process before the model: libtorch, MPI, the dataset cache (its resident
 //                    memory when planned, less the model's tensors)
 //   parameters       parameters and buffers (ZeRO 3: the units' 1/N, plus the units gathered at
-//                    once: two with prefetch, one without, all with reshard_after_forward off)
-//   gradients        one per trainable element (ZeRO 2-3: the owned 1/N, the bucket being filled and
-//                    two being reduce-scattered, with what the backend holds for each meanwhile)
+//                    once: the two largest with prefetch, one without, all with reshard_after_forward off)
+//   gradients        one per trainable element (ZeRO 2-3: the owned 1/N, and at worst the largest
+//                    buckets whole: one being filled, two being reduce-scattered with what the
+//                    backend holds for each meanwhile)
 //   optimizer_state  per element: Adam/AdamW 2 fields (AMSGrad 3), SGD with momentum 1 (ZeRO 1-3: 1/N)
 //   activations      what one micro-batch's forward and backward add at their peak besides the
 //                    gradients: the saved activations and backward's working memory (with

@@ -93,8 +93,8 @@ struct TrainerOptions {
   /// parameters only (gradients all-reduced, parameters all-gathered after the step); 2 also only
   /// its 1/N of the averaged gradient (buckets reduce-scattered during backward). The optimizer
   /// must be SGD, Adam or AdamW. 3: also only its 1/N of the model's units' parameters
-  /// (Model::units(): the built-in GPT's blocks, the MLP's and CNN's layers, SequentialUnits'
-  /// picks), each unit gathered for its forward and its backward (units.hpp); after fit() the model
+  /// (Model::units(): the built-in GPT's embeddings, blocks and head, the MLP's and CNN's layers,
+  /// SequentialUnits' picks), each unit gathered for its forward and its backward (units.hpp); after fit() the model
   /// is whole again on every rank, or without memory where zero.whole_at_end is false (after a
   /// fit() that threw, the units' parameters are NaN). Each rank writes its own
   /// slices into the one snapshot file, which holds every tensor whole: a run resumes at any stage

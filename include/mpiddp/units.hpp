@@ -1,6 +1,6 @@
 // Units: the parts of a model that ZeRO stage 3 gathers one at a time (FSDP's wrapped modules). A
-// C++ module that implements UnitModule names its units (child modules, in the order its forward
-// runs them) and runs each one's forward through run_unit(); under ZeRO stage 3 (zero.hpp) each
+// C++ module that implements UnitModule names its units (modules, usually its children, in the order
+// its forward runs them) and runs each one's forward through run_unit(); under ZeRO stage 3 (zero.hpp) each
 // rank then holds 1/N of the units' parameters, and a unit's parameters are gathered just before
 // its forward and again before its backward. The built-in GPT (its embeddings, each transformer
 // block, its head), MLP and CNN (a unit per layer) are UnitModules. Parameters outside every unit

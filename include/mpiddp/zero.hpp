@@ -66,7 +66,8 @@ struct ZeroOptions {
   /// all-gather less per unit).
   bool reshard_after_forward = true;
   /// Stage 3: the next unit's all-gather is in flight while the current unit computes, in forward
-  /// and in backward (at most two units gathered at once).
+  /// and in backward (gathered at once: a unit's set, the unit and those it borrows, and the next
+  /// one's).
   bool prefetch = true;
   /// Stage 3: when the ZeroOptimizer ends, the units' parameters are all-gathered whole again, so
   /// that a caller reads the trained model (Trainer::fit() returns it so). false leaves them without

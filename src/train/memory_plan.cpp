@@ -19,11 +19,16 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const int64_t shard = (in.trainable_bytes + in.world - 1) / in.world;
   plan.gradients = in.trainable_bytes;
   if (in.zero_stage >= 2) {
-    // The owned slice of each averaged bucket; whole, the bucket being filled and those being
-    // reduce-scattered (DDP bounds them), each with what the backend holds while reducing it.
-    const auto in_flight = static_cast<int64_t>(kTransientBuffersInFlight);
-    const int64_t bucket = std::min(in.trainable_bytes, in.bucket_cap);
-    plan.gradients = shard + std::min(in.trainable_bytes, (1 + in_flight) * bucket) + in_flight * in.reduce_scatter_scratch;
+    // The owned slice of each averaged bucket; whole, at worst the largest buckets: one being
+    // filled and those being reduce-scattered (DDP bounds them), these with what the backend holds
+    // while reducing them.
+    plan.gradients = shard;
+    for (size_t k = 0; k < in.largest_buckets.size() && k <= kTransientBuffersInFlight; ++k) {
+      plan.gradients += in.largest_buckets[k];
+    }
+    for (size_t k = 0; k < in.reduce_scatter_scratch.size() && k < kTransientBuffersInFlight; ++k) {
+      plan.gradients += in.reduce_scatter_scratch[k];
+    }
   }
   plan.optimizer_state = in.state_fields * (in.zero_stage >= 1 ? shard : in.trainable_bytes);
   plan.activations = in.activations;

@@ -4,6 +4,7 @@
 #include <mpiddp/memory_plan.hpp>
 
 #include <cstdint>
+#include <vector>
 
 namespace mpiddp::detail {
 
@@ -16,8 +17,9 @@ struct PlanInputs {
   int64_t gathered_unit_bytes = 0; ///< ZeRO stage 3: the units gathered at once at the peak
   int world = 1;
   int zero_stage = 0;
-  int64_t bucket_cap = 0;          ///< the largest gradient bucket: the cap in force (stage 3: or the largest unit)
-  int64_t reduce_scatter_scratch = 0;  ///< stages 2-3: what the backend holds beside such a bucket while reducing it
+  /// Stages 2-3: the largest gradient buckets' bytes, largest first (1 + kTransientBuffersInFlight
+  /// of them at most), and what the backend holds beside each while reduce-scattering it.
+  std::vector<int64_t> largest_buckets, reduce_scatter_scratch;
   int state_fields = 0;            ///< optimizer state tensors per parameter element (Adam 2, SGD+momentum 1)
   bool snapshots = false;
   bool snapshot_through_rank_zero = false;  ///< small states: rank 0 writes what the others send

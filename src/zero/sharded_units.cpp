@@ -23,10 +23,9 @@ size_t bytes_of(const torch::Tensor& t) { return static_cast<size_t>(t.numel()) 
 }  // namespace
 
 // On the CPU a gathered bucket's bytes come from a spare buffer of its size where one is kept,
-// else from the allocator; spare buffers are kept up to twice the largest unit's bytes (about what
-// is gathered at once; a limit by bytes, so that small units' buffers, as the GPT's head, do not
-// crowd out a block's), so gathering a model of equal blocks never churns the heap and units of
-// other sizes cost no more than they did. On a GPU the caching allocator does this.
+// else from the allocator; spare buffers are kept up to twice the largest unit's bytes (by bytes,
+// so that small units' buffers, as the GPT's head's, do not crowd out a block's), so gathering a
+// model of equal blocks never churns the heap. On a GPU the caching allocator does this.
 void ShardedUnits::give_bytes(const torch::Tensor& t) {
   auto* storage = t.storage().unsafeGetStorageImpl();
   const size_t bytes = bytes_of(t);
@@ -64,12 +63,10 @@ struct ShardedUnits::Pass {
 
 ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& options)
     : pg_(ddp.process_group()), options_(options), buckets_(ddp.buckets().size()),
-      self_(std::make_shared<ShardedUnits*>(this)) {
+      buckets_of_unit_(ddp.unit_count()), self_(std::make_shared<ShardedUnits*>(this)) {
   for (size_t b = 0; b < ddp.buckets().size(); ++b) {
     const int unit = ddp.buckets()[b].unit;
-    if (unit < 0) continue;
-    if (buckets_of_unit_.size() <= static_cast<size_t>(unit)) buckets_of_unit_.resize(static_cast<size_t>(unit) + 1);
-    buckets_of_unit_[static_cast<size_t>(unit)].push_back(b);
+    if (unit >= 0) buckets_of_unit_[static_cast<size_t>(unit)].push_back(b);  // none: no trainable parameters
   }
   for (size_t u = 0; u < buckets_of_unit_.size(); ++u) set_of_unit_.push_back({u});
   // Bucket by bucket, so that the memory the parameters were built in goes back while the next
@@ -215,15 +212,16 @@ size_t ShardedUnits::gathered_units() const {
 torch::Tensor ShardedUnits::run(size_t unit, const UnitForward& forward, const torch::Tensor& input,
                                 const std::vector<size_t>& borrowed) {
   const size_t units = buckets_of_unit_.size();
-  if (unit >= units) {  // a unit without trainable parameters, after the last one that has some
-    MPIDDP_CHECK(borrowed.empty(), "ZeRO stage 3: unit " + std::to_string(unit) +
-                                       " borrows other units' parameters but has no trainable parameters of its own");
-    return forward(input);
-  }
+  auto outside = [&](size_t u) {
+    return "ZeRO stage 3: the model runs unit " + std::to_string(u) + " but names " + std::to_string(units) +
+           " units (UnitModule::units())";
+  };
+  MPIDDP_CHECK(unit < units, outside(unit));
   auto& set = set_of_unit_[unit];
   set.assign(1, unit);
   for (size_t u : borrowed) {
-    if (u < units && u != unit) set.push_back(u);  // a unit without trainable parameters has nothing to gather
+    MPIDDP_CHECK(u < units, outside(u));
+    if (u != unit) set.push_back(u);
   }
   gather(unit);
   const bool prefetching = options_.prefetch && unit + 1 < units;

@@ -75,11 +75,11 @@ class ShardedUnits final : public UnitHooks {
   ProcessGroup& pg_;
   ZeroOptions options_;
   std::vector<Bucket> buckets_;
-  std::vector<std::vector<size_t>> buckets_of_unit_;
+  std::vector<std::vector<size_t>> buckets_of_unit_;  ///< per unit of the model (none: no trainable parameters)
   std::vector<std::vector<size_t>> set_of_unit_;  ///< each unit and those it borrows (as its last run said)
   std::unordered_map<size_t, std::vector<c10::DataPtr>> spare_;  ///< CPU: freed buffers by size, for reuse
   size_t spare_bytes_ = 0;      ///< the buffers' in spare_
-  size_t max_spare_bytes_ = 0;  ///< twice the largest unit's: about what is gathered at once
+  size_t max_spare_bytes_ = 0;  ///< twice the largest unit's
   std::weak_ptr<Pass> pass_;
   std::shared_ptr<ShardedUnits*> self_;  ///< hooks on autograd's graph hold a weak reference
 };

@@ -392,7 +392,8 @@ TEST(Zero, Stage3GatheringOptionsEqualDdp) {
 // Stage 3 holds its slices only: outside forward and backward no unit's parameter has memory; the
 // ranks' slices together are every element once, and every GPT parameter is in a unit (the head
 // borrows the embeddings' tied weight). While a unit computes its set (itself and the units it
-// borrows) is gathered, and besides it only the next unit's set (prefetch), or nothing without it.
+// borrows) is gathered, and besides it only the next unit's set (prefetch), or nothing without it;
+// before its backward, its set and the previous unit's (prefetch) only.
 TEST(Zero, Stage3HoldsItsSlicesAndGathersOnlyWhatAUnitNeeds) {
   for (bool prefetch : {true, false}) {
     Spec s;
@@ -423,14 +424,21 @@ TEST(Zero, Stage3HoldsItsSlicesAndGathersOnlyWhatAUnitNeeds) {
       std::function<std::set<size_t>()> gathered;
       std::map<size_t, std::set<size_t>> set_of;        // each unit and those it borrows
       std::vector<std::pair<size_t, std::set<size_t>>> seen;  // per forward: the unit, what was gathered
+      std::vector<std::pair<size_t, std::set<size_t>>> seen_backward;  // the same before each backward
       torch::Tensor run(size_t unit, const mpiddp::UnitForward& forward, const torch::Tensor& input,
                         const std::vector<size_t>& borrowed) override {
         set_of[unit] = {unit};
         set_of[unit].insert(borrowed.begin(), borrowed.end());
-        return inner->run(unit, [&, unit](const torch::Tensor& x) {
+        auto output = inner->run(unit, [&, unit](const torch::Tensor& x) {
           seen.emplace_back(unit, gathered());
           return forward(x);
         }, input, borrowed);
+        // Runs after the hook the inner run put on the output: once that unit's set is gathered.
+        output.register_hook([this, unit](const torch::Tensor& grad) {
+          seen_backward.emplace_back(unit, gathered());
+          return grad;
+        });
+        return output;
       }
     } probe;
     probe.inner = r.zero->unit_hooks();
@@ -456,6 +464,15 @@ TEST(Zero, Stage3HoldsItsSlicesAndGathersOnlyWhatAUnitNeeds) {
       prefetched = prefetched || live.size() > probe.set_of[unit].size();
     }
     MPIDDP_EXPECT_ALL(prefetched == prefetch);
+    MPIDDP_EXPECT_ALL(probe.seen_backward.size() == probe.seen.size());
+    for (const auto& [unit, live] : probe.seen_backward) {
+      auto allowed = probe.set_of[unit];
+      if (prefetch && unit > 0) allowed.insert(probe.set_of[unit - 1].begin(), probe.set_of[unit - 1].end());
+      const bool needs_met = std::includes(live.begin(), live.end(), probe.set_of[unit].begin(), probe.set_of[unit].end());
+      const bool no_more = std::includes(allowed.begin(), allowed.end(), live.begin(), live.end());
+      MPIDDP_EXPECT_ALL(needs_met && no_more) << "prefetch " << prefetch << ", before unit " << unit << "'s backward: "
+                                              << live.size() << " units gathered";
+    }
     MPIDDP_EXPECT_ALL(unit_bytes() == 0) << unit_bytes();
     r.end_zero();  // whole again: every unit's parameters have memory of their own
     for (const auto& unit : units) {

@@ -2,7 +2,7 @@
 # The memory plan of `mpiddp train` against the peak each rank then reaches: within 20% for the
 # built-in GPT at ZeRO stages 0-3 with and without activation checkpointing, with snapshots on,
 # and for the MLP and the CNN; its parts follow ZeRO's sharding (optimizer state 1/N at stage 1,
-# gradients too at stage 2, the blocks' parameters too at stage 3) and checkpointing (fewer activations); `--dry-run` prints the plan and
+# gradients too at stage 2, the units' parameters too at stage 3) and checkpointing (fewer activations); `--dry-run` prints the plan and
 # trains nothing. usage: memory_plan.sh MPIDDP_BINARY
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1
@@ -40,7 +40,7 @@ for stage in 0 1 2 3; do
   plan_case "gpt stage $stage" "${gpt[@]}" --zero-stage $stage --snapshot-dir "$tmp/s$stage" --save-every-steps 2
   declare "optimizer_$stage=$(part 'optimizer state')" "gradients_$stage=$(part gradients)" \
     "plain_$stage=$(part activations)" "parameters_$stage=$(part parameters)"
-  # (stage 3 without prefetch here: one block gathered at a time)
+  # (stage 3 without prefetch here: one unit gathered at a time, the head with the embeddings)
   plan_case "gpt stage $stage, activation checkpointing" "${gpt[@]}" --zero-stage $stage --activation-checkpointing \
     $([ $stage = 3 ] && echo --zero-no-prefetch)
   declare "checkpointed_$stage=$(part activations)" "checkpointed_parameters_$stage=$(part parameters)"
@@ -51,8 +51,8 @@ done
 check "stage 1: half the optimizer state of stage 0 ($optimizer_1 vs $optimizer_0 MiB)" \
   [ $((2 * optimizer_1)) -ge $((optimizer_0 - 1)) -a $((2 * optimizer_1)) -le $((optimizer_0 + 1)) ]
 check "stage 2: no more gradients than stage 0 ($gradients_2 vs $gradients_0 MiB)" [ "$gradients_2" -le "$gradients_0" ]
-# Stage 3 at 2 ranks: half of the 4 blocks, the embeddings, and the blocks gathered (two with
-# prefetch: as many bytes as stage 2 holds here; one without: fewer).
+# Stage 3 at 2 ranks: half of every unit and the units gathered (one without prefetch): fewer
+# parameters than stage 2's whole model.
 check "stage 3 without prefetch: fewer parameters than stage 2 ($checkpointed_parameters_3 vs $parameters_2 MiB)" \
   [ "$checkpointed_parameters_3" -lt "$parameters_2" ]
 check "checkpointing: fewer activations ($checkpointed_0 vs $plain_0 MiB)" [ "$checkpointed_0" -lt "$plain_0" ]

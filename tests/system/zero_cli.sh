@@ -2,7 +2,7 @@
 # `mpiddp train --zero-stage 1|2|3` against stage 0 (DDP) through the whole Trainer: the MLP and the
 # built-in GPT (tied weights, AdamW with nanoGPT's groups, clipping, accumulation, bf16 and fp16)
 # end with the parameters and the (whole, unsharded) optimizer state of stage 0 within 1e-6 (stage 3:
-# the MLP's layers and the GPT's blocks sharded, each rank writing its slices of them); a
+# the MLP's layers and the GPT's embeddings, blocks and head sharded, each rank writing its slices); a
 # snapshot taken at one stage and rank count resumes at another (bitwise at the same ones); a bad
 # stage is one clear line and a non-zero exit, no hang. usage: zero_cli.sh MPIDDP_BINARY
 source "$(dirname "$0")/lib.sh"
