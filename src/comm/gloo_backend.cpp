@@ -69,7 +69,8 @@ class GlooProcessGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "gloo"; }
-  int64_t reduce_scatter_scratch_bytes(int64_t input_bytes) const override { return input_bytes; }  // an allreduce of a copy (launch)
+  // A reduce-scatter is an all-reduce of a copy of the input (launch).
+  int64_t reduce_scatter_scratch_bytes(int64_t input_bytes) const override { return input_bytes; }
 
   bool supports(Collective c, c10::ScalarType dtype, ReduceOp op) const override {
     // What the linked gloo reduces (and so sends: c10d dispatches every collective on the dtype).

@@ -4,6 +4,7 @@
 #include <mpiddp/memory_plan.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace mpiddp::detail {
@@ -13,13 +14,14 @@ struct PlanInputs {
   int64_t model_bytes = 0;         ///< parameters and buffers, each tensor once
   int64_t trainable_bytes = 0;     ///< the parameters the optimizer steps
   int64_t largest_tensor = 0;      ///< bytes of the largest parameter or buffer
-  int64_t unit_bytes = 0;          ///< ZeRO stage 3: the parameters of the model's units (sharded)
-  int64_t gathered_unit_bytes = 0; ///< ZeRO stage 3: the units gathered at once at the peak
+  std::vector<int64_t> units;      ///< ZeRO stage 3: each unit's trainable bytes (sharded), in any order
+  bool prefetch = true;            ///< ZeRO stage 3: ZeroOptions::prefetch
+  bool reshard_after_forward = true;  ///< ZeRO stage 3: ZeroOptions::reshard_after_forward
   int world = 1;
   int zero_stage = 0;
-  /// Stages 2-3: the largest gradient buckets' bytes, largest first (1 + kTransientBuffersInFlight
-  /// of them at most), and what the backend holds beside each while reduce-scattering it.
-  std::vector<int64_t> largest_buckets, reduce_scatter_scratch;
+  int64_t bucket_cap = 0;          ///< the gradient buckets' cap in force (stage 3's units: one bucket each whatever it)
+  /// What the backend holds beside a bucket of this many bytes while reduce-scattering it (empty: nothing).
+  std::function<int64_t(int64_t)> reduce_scatter_scratch;
   int state_fields = 0;            ///< optimizer state tensors per parameter element (Adam 2, SGD+momentum 1)
   bool snapshots = false;
   bool snapshot_through_rank_zero = false;  ///< small states: rank 0 writes what the others send

@@ -256,35 +256,17 @@ MemoryPlan Trainer::plan_memory() {
   for (const auto& p : trainable(*model_)) in.trainable_bytes += bytes_of(p);
   in.world = runtime_.size();
   in.zero_stage = o.zero_stage;
-  std::vector<int64_t> units;  // stage 3: each unit's trainable bytes, largest first
   if (o.zero_stage == 3) {
     for (const auto& unit : model_->units()) {
-      units.push_back(0);
-      for (const auto& p : unit) units.back() += p.requires_grad() ? bytes_of(p) : 0;
-    }
-    std::sort(units.rbegin(), units.rend());
-    const size_t gathered = !o.zero.reshard_after_forward ? units.size() : o.zero.prefetch ? 2 : 1;
-    for (size_t k = 0; k < units.size(); ++k) {
-      in.unit_bytes += units[k];
-      if (k < gathered) in.gathered_unit_bytes += units[k];
+      in.units.push_back(0);
+      for (const auto& p : unit) in.units.back() += p.requires_grad() ? bytes_of(p) : 0;
     }
   }
-  if (o.zero_stage >= 2) {
-    // The gradient buckets: stage 3 gives each unit one of its own whatever the cap; the other
-    // parameters go by the cap.
-    const int64_t cap = std::max<int64_t>(1, o.ddp.bucket_cap_bytes != kAutoBucketCap
-                                                 ? o.ddp.bucket_cap_bytes
-                                                 : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes));
-    const auto most = static_cast<int64_t>(kTransientBuffersInFlight + 1);  // of them the plan counts
-    const int64_t rest = in.trainable_bytes - in.unit_bytes;
-    std::vector<int64_t> buckets = units;
-    buckets.insert(buckets.end(), static_cast<size_t>(std::min(rest / cap, most)), cap);
-    if (rest % cap > 0) buckets.push_back(rest % cap);
-    std::sort(buckets.rbegin(), buckets.rend());
-    buckets.resize(std::min(buckets.size(), static_cast<size_t>(most)));
-    in.largest_buckets = buckets;
-    for (int64_t bytes : buckets) in.reduce_scatter_scratch.push_back(pg_.reduce_scatter_scratch_bytes(bytes));
-  }
+  in.prefetch = o.zero.prefetch;
+  in.reshard_after_forward = o.zero.reshard_after_forward;
+  in.bucket_cap = o.ddp.bucket_cap_bytes != kAutoBucketCap ? o.ddp.bucket_cap_bytes
+                                                          : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes);
+  in.reduce_scatter_scratch = [this](int64_t bytes) { return pg_.reduce_scatter_scratch_bytes(bytes); };
   in.state_fields = state_fields(*optimizer_);
   in.snapshots = detail::SnapshotPolicy(o).enabled();
   const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;

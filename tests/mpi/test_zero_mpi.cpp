@@ -453,25 +453,27 @@ TEST(Zero, Stage3HoldsItsSlicesAndGathersOnlyWhatAUnitNeeds) {
     train(r, gpt(), s, 0, 2);
     const size_t last = units.size() - 1;
     MPIDDP_EXPECT_ALL(probe.set_of.size() == units.size() && probe.set_of[last] == std::set<size_t>({0, last}));
+    // What was gathered at unit `unit`: its set, and besides it at most the set of unit `next`
+    // (prefetched) where there is one.
+    auto expect_gathered = [&](size_t unit, const std::set<size_t>& live, std::optional<size_t> next,
+                               const std::string& when) {
+      const auto& needed = probe.set_of[unit];
+      auto allowed = needed;
+      if (prefetch && next) allowed.insert(probe.set_of[*next].begin(), probe.set_of[*next].end());
+      const bool needs_met = std::includes(live.begin(), live.end(), needed.begin(), needed.end());
+      const bool no_more = std::includes(allowed.begin(), allowed.end(), live.begin(), live.end());
+      MPIDDP_EXPECT_ALL(needs_met && no_more) << "prefetch " << prefetch << ", " << when << " unit " << unit << ": "
+                                              << live.size() << " units gathered";
+    };
     bool prefetched = false;
     for (const auto& [unit, live] : probe.seen) {
-      auto allowed = probe.set_of[unit];
-      if (prefetch && unit < last) allowed.insert(probe.set_of[unit + 1].begin(), probe.set_of[unit + 1].end());
-      const bool needs_met = std::includes(live.begin(), live.end(), probe.set_of[unit].begin(), probe.set_of[unit].end());
-      const bool no_more = std::includes(allowed.begin(), allowed.end(), live.begin(), live.end());
-      MPIDDP_EXPECT_ALL(needs_met && no_more) << "prefetch " << prefetch << ", unit " << unit << ": " << live.size()
-                                              << " units gathered";
+      expect_gathered(unit, live, unit < last ? std::optional<size_t>(unit + 1) : std::nullopt, "forward of");
       prefetched = prefetched || live.size() > probe.set_of[unit].size();
     }
     MPIDDP_EXPECT_ALL(prefetched == prefetch);
     MPIDDP_EXPECT_ALL(probe.seen_backward.size() == probe.seen.size());
     for (const auto& [unit, live] : probe.seen_backward) {
-      auto allowed = probe.set_of[unit];
-      if (prefetch && unit > 0) allowed.insert(probe.set_of[unit - 1].begin(), probe.set_of[unit - 1].end());
-      const bool needs_met = std::includes(live.begin(), live.end(), probe.set_of[unit].begin(), probe.set_of[unit].end());
-      const bool no_more = std::includes(allowed.begin(), allowed.end(), live.begin(), live.end());
-      MPIDDP_EXPECT_ALL(needs_met && no_more) << "prefetch " << prefetch << ", before unit " << unit << "'s backward: "
-                                              << live.size() << " units gathered";
+      expect_gathered(unit, live, unit > 0 ? std::optional<size_t>(unit - 1) : std::nullopt, "before the backward of");
     }
     MPIDDP_EXPECT_ALL(unit_bytes() == 0) << unit_bytes();
     r.end_zero();  // whole again: every unit's parameters have memory of their own
