@@ -171,6 +171,7 @@ class DistributedDataParallel {
   void on_gradient(size_t param);
   void adopt_gradient(size_t param);
   void make_buckets();
+  void check_deferred(const std::vector<std::pair<std::string, torch::Tensor>>& parameters) const;
   std::vector<int> unit_of_parameters() const;  ///< per parameter: its DdpOptions::units group, or -1
   void add_mean_tail(const std::vector<std::pair<std::string, torch::Tensor>>& parameters);
   void make_gradient_views();

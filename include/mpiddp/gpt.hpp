@@ -48,8 +48,10 @@ struct GptConfig {
 /// (ln_f; it borrows the embeddings unit for lm_head's weight, which is wte).
 class GptImpl : public torch::nn::Module, public Checkpointable, public UnitModule, public FlopCounted {
  public:
-  /// Builds and initialises the model (draws from the global CPU generator: seed it first).
-  explicit GptImpl(const GptConfig& config);
+  /// Builds the model and initialises it (draws from the global CPU generator: seed it first), or
+  /// leaves its parameters deferred (units.hpp): ZeRO stage 3 then initialises it unit by unit
+  /// (init_unit), and never holds it whole; the same values either way.
+  explicit GptImpl(const GptConfig& config, ParameterInit init = ParameterInit::kNow);
   /// Logits [B, T, vocab] of every position of `idx` [B, T] (int64 token ids, T <= block_size).
   torch::Tensor forward(const torch::Tensor& idx);
   /// nanoGPT's generate(): `max_new_tokens` times, crop the context to the last block_size
@@ -63,6 +65,7 @@ class GptImpl : public torch::nn::Module, public Checkpointable, public UnitModu
   void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
   bool activation_checkpointing() const override { return checkpointing_; }
   std::vector<std::shared_ptr<torch::nn::Module>> units() const override;
+  void init_unit(size_t unit) override;
   /// nanoGPT's estimate_mfu: (6 N + 12 L C T) T for a sample of T tokens, N the parameters
   /// without the position embedding (the tied wte/lm_head weight once), L n_layer, C n_embd.
   double training_flops_per_sample(int64_t sample_tokens) const override;

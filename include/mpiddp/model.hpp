@@ -56,6 +56,12 @@ class Model {
   virtual std::vector<std::vector<torch::Tensor>> units() const { return {}; }
   /// Runs the units' forwards through `hooks` from now on (nullptr: plainly). Nothing without units.
   virtual void set_unit_hooks(UnitHooks* /*hooks*/) {}
+  /// Deferred initialisation (units.hpp): writes unit `unit`'s initial values into its parameters,
+  /// which have memory now (UnitModule::init_unit); mpiddp::Error for a model without units.
+  virtual void init_unit(size_t unit);
+  /// Gives every deferred parameter memory and its initial values, unit by unit (materialise_units);
+  /// nothing where none is deferred.
+  virtual void materialise() {}
   /// The underlying C++ module (nullptr for TorchScript).
   virtual std::shared_ptr<torch::nn::Module> module() const { return nullptr; }
 };
@@ -91,6 +97,8 @@ void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensor
 /// when it is missing or not such a file.
 std::map<std::string, torch::Tensor> read_state_dict(const std::string& path);
 
+/// Whether any of the model's parameters is deferred (units.hpp: a shape without memory yet).
+bool has_deferred_parameters(const Model& model);
 /// The model's parameters (for building an optimizer), each tensor once (a tied weight, e.g. the
 /// GPT's lm_head/wte, under its first name only: PyTorch's named_parameters()).
 std::vector<torch::Tensor> parameters(const Model& model);

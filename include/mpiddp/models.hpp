@@ -57,9 +57,10 @@ struct BuiltinModel {
   std::string name;
   std::string summary;
   bool token_data = false;  ///< trains on token windows (else on an HDF5 set of fixed-size samples)
-  /// The model for `data` (its inputs' shape, its classes or targets), `gpt` the GPT's shape;
-  /// throws mpiddp::Error (one line) when the set does not suit it.
-  std::function<std::shared_ptr<Model>(const DatasetInfo& data, const GptConfig& gpt)> make;
+  /// The model for `data` (its inputs' shape, its classes or targets), `gpt` the GPT's shape,
+  /// `init` whether its parameters are deferred (units.hpp; the GPT defers, the others, at most a few
+  /// MB, are made whole); throws mpiddp::Error (one line) when the set does not suit it.
+  std::function<std::shared_ptr<Model>(const DatasetInfo& data, const GptConfig& gpt, ParameterInit init)> make;
 };
 
 /// linear, mlp, cnn, gpt.
@@ -67,6 +68,7 @@ const std::vector<BuiltinModel>& builtin_models();
 
 /// The built-in model named `spec` for `data`, or the TorchScript file `spec`; mpiddp::Error (one
 /// line) for an unknown name, a missing file, or a set the model does not take.
-std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& data, const GptConfig& gpt = {});
+std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& data, const GptConfig& gpt = {},
+                                  ParameterInit init = ParameterInit::kNow);
 
 }  // namespace mpiddp

@@ -236,7 +236,8 @@ class Trainer {
 
   /// The predicted peak memory of each rank for this run, by part (memory_plan.hpp). Runs one
   /// micro-batch's forward and backward to measure its activations, then puts back the random
-  /// generator, the buffers and the gradients it moved: training is unchanged. Local.
+  /// generator, the buffers and the gradients it moved: training is unchanged. Local; collective
+  /// for a deferred model (units.hpp), which ZeRO stage 3 initialises and shards for it as fit() does.
   MemoryPlan plan_memory();
 
   Model& model() { return *model_; }
@@ -254,8 +255,9 @@ class Trainer {
   /// loaded from it (nullptr: a fresh start). Collective.
   std::unique_ptr<detail::SnapshotReader> restore(const std::function<void(const std::string&)>& note,
                                                   std::string* from, detail::RunPosition& p);
-  /// The optimizer's state from it, once ZeRO (`zero`, or null) has sharded the optimizer. Collective.
-  void restore_optimizer(detail::SnapshotReader& reader, ZeroOptimizer* zero);
+  /// The optimizer's state from it, once ZeRO (`zero`, or null) has sharded the optimizer, and a
+  /// deferred model's slices (restore() left them). Collective.
+  void restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero);
   std::string save(const detail::RunPosition& p, const ZeroOptimizer* zero);
   /// One forward on two samples (evaluation mode, no gradient): the model takes the set's inputs
   /// and its outputs fit the targets. Local.
@@ -263,7 +265,11 @@ class Trainer {
   /// What one micro-batch's forward and backward add to the process at their peak, besides the
   /// parameters' gradients (`gradient_bytes`): the activations and backward's working memory (a
   /// checkpointed block's recompute included), by running them once. 0 off the CPU. Local.
-  int64_t probe_activations(int64_t gradient_bytes);
+  /// `sharded`: the model is sharded over it (stage 3, a deferred model): the probe runs through the
+  /// units' gathering without reducing (no_sync).
+  int64_t probe_activations(int64_t gradient_bytes, DistributedDataParallel* sharded);
+  MemoryPlan plan_memory(DistributedDataParallel* sharded);
+  DdpOptions ddp_options() const;  ///< fit()'s: the reduction of the ZeRO stage, stage 3's units
   /// The largest rank's measured peak against the plan, one line. Collective.
   std::string measured_memory(const MemoryPlan& plan, int64_t steps) const;
   /// Steps after which fit() reports the measured peak (the optimizer's state exists from the first).
@@ -294,6 +300,7 @@ class Trainer {
   int64_t steps_per_epoch_ = 0;
   std::unique_ptr<detail::RunLogs> logs_;  ///< rank 0's metrics file and TensorBoard writer
   std::unique_ptr<detail::Throughput> throughput_;  ///< what samples/s makes tokens/s, FLOP/s and MFU with
+  bool deferred_ = false;  ///< the model's parameters are deferred: ZeRO stage 3 initialises them in fit()
 };
 
 /// The training or test set that `source` names, as the Trainer opens it (options.data_format,

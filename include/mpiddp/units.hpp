@@ -56,6 +56,11 @@ class UnitHooks {
 class UnitModule {
  public:
   virtual ~UnitModule() = default;
+  /// Deferred initialisation (below): writes the initial values of unit `unit`'s parameters, which
+  /// have memory now, drawing from the CPU generator (so that the values do not depend on the
+  /// device); called for the units in order. The default throws mpiddp::Error: a module that never
+  /// defers its parameters needs none.
+  virtual void init_unit(size_t unit);
   /// The units, in the order forward runs them. A unit may be a module that is no child of the
   /// model, grouping children of its (the GPT's embeddings unit holds transformer.wte and .wpe):
   /// only its parameters count.
@@ -73,6 +78,29 @@ class UnitModule {
  private:
   UnitHooks* hooks_ = nullptr;
 };
+
+// Deferred initialisation (FSDP2's meta-device construction, DeepSpeed's zero.Init): a module may
+// make its units' parameters "deferred", with their shape, dtype and device but no memory, so that
+// the whole model never exists on one rank. ZeRO stage 3 gives the units memory one at a time, in
+// order: each writes its initial values (init_unit), rank 0's are broadcast, each rank keeps its
+// slice and the rest is freed. Anywhere else materialise_units() gives every unit its memory and
+// values first (the same values: the same draws in the same order). The built-in GPT defers when
+// asked (GptImpl's ParameterInit); nothing may read a deferred parameter.
+
+/// How a module that can defer its parameters makes them: with their initial values now, or deferred.
+enum class ParameterInit { kNow, kDeferred };
+/// A deferred tensor of that shape and those options (no memory).
+torch::Tensor deferred_tensor(c10::IntArrayRef sizes, const torch::TensorOptions& options);
+/// Frees `t`'s memory, keeping its shape, dtype and device: `t` (and every view of it) is deferred.
+void defer(const torch::Tensor& t);
+/// Whether `t` has elements but no memory.
+bool is_deferred(const torch::Tensor& t);
+/// Gives unit `unit`'s deferred parameters memory (each on its device) and their initial values
+/// (`module.init_unit(unit)`); nothing where none is deferred.
+void materialise_unit(UnitModule& module, size_t unit);
+/// materialise_unit() for every unit, in order; throws mpiddp::Error (one line) when a deferred
+/// parameter is in no unit.
+void materialise_units(torch::nn::Module& module);
 
 /// Whether a child becomes a unit, given its name among its parent's children ("0", "1", ... in a
 /// Sequential) and the child itself.

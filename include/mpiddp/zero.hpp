@@ -74,6 +74,11 @@ struct ZeroOptions {
   /// memory instead (reading one then is undefined): the whole model never exists on a rank; the
   /// `mpiddp` executable, which reads nothing after training, does so.
   bool whole_at_end = true;
+  /// Stage 3, deferred initialisation (units.hpp): units whose parameters came without memory get it
+  /// one unit at a time, in order; init_unit(u) writes unit u's initial values (Model::init_unit),
+  /// rank 0's are broadcast, each rank keeps its slice and frees the rest. Unset: they start as
+  /// zeros (a resume, which reads each rank's slices next).
+  std::function<void(size_t unit)> init_unit;
 };
 
 class UnitHooks;

@@ -369,7 +369,10 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, int threads, Runtime
   if (c.deterministic) use_deterministic_kernels();
   torch::manual_seed(c.t.seed);  // the same initial model on every rank (DDP broadcasts rank 0's anyway)
   const auto make = [&c](const DatasetInfo& data) {
-    auto model = make_model(c.model, data, c.gpt);
+    // ZeRO stage 3 initialises a deferred model unit by unit: it is never whole on a rank (a
+    // state_dict to start from is read whole, so that one is made whole).
+    const bool defer = c.t.zero_stage == 3 && c.init_from.empty();
+    auto model = make_model(c.model, data, c.gpt, defer ? ParameterInit::kDeferred : ParameterInit::kNow);
     if (!c.init_from.empty()) {
       try {
         load_named(*model, is_hf_dir(c.init_from) ? read_hf_gpt2_state(c.init_from, c.gpt)

@@ -1,5 +1,6 @@
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/units.hpp>
 
 #include <torch/csrc/autograd/engine.h>
 
@@ -138,6 +139,7 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
                "DdpOptions::mean_tail_values must be in [0, 2^20], got " + std::to_string(options_.mean_tail_values));
 
   verify_same_model();
+  check_deferred(parameters);
   {
     torch::NoGradGuard no_grad;
     std::vector<torch::Tensor> all = params_;
@@ -145,12 +147,29 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
       if (!item.second.requires_grad()) all.push_back(item.second);
     }
     all.insert(all.end(), buffers_.begin(), buffers_.end());
+    // Deferred parameters (units.hpp) have no values yet: ZeRO stage 3 broadcasts each unit's as it
+    // initialises it.
+    all.erase(std::remove_if(all.begin(), all.end(), [](const torch::Tensor& t) { return is_deferred(t); }), all.end());
     broadcast_tensors(all);
   }
   make_buckets();
   add_mean_tail(parameters);
   make_gradient_views();
   add_gradient_hooks();
+}
+
+// Deferred parameters (units.hpp) only where ZeRO stage 3 initialises them: trainable, in a unit.
+void DistributedDataParallel::check_deferred(const std::vector<std::pair<std::string, torch::Tensor>>& parameters) const {
+  const auto unit_of = unit_of_parameters();
+  std::set<const void*> sharded;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (reduction_->zero_stage() == 3 && !unit_of.empty() && unit_of[i] >= 0) sharded.insert(params_[i].unsafeGetTensorImpl());
+  }
+  for (const auto& [name, p] : parameters) {
+    MPIDDP_CHECK(!is_deferred(p) || sharded.count(p.unsafeGetTensorImpl()),
+                 "the parameter '" + name + "' is deferred (no memory yet): only ZeRO stage 3 initialises deferred "
+                 "parameters, a unit's trainable ones; materialise the model first (Model::materialise())");
+  }
 }
 
 void DistributedDataParallel::make_buckets() {

@@ -72,22 +72,23 @@ std::shared_ptr<Model> make_cnn(const DatasetInfo& data) {
 const std::vector<BuiltinModel>& builtin_models() {
   static const std::vector<BuiltinModel> table = {
       {"linear", "Linear(in, out) on the flattened inputs", false,
-       [](const DatasetInfo& d, const GptConfig&) {
+       [](const DatasetInfo& d, const GptConfig&, ParameterInit) {
          return wrap_module(models::LinearNet(flat_size(d.sample_shape), outputs_of(d)), "linear");
        }},
       {"mlp", "Linear(in, 128), ReLU, Linear(128, 64), ReLU, Linear(64, out)", false,
-       [](const DatasetInfo& d, const GptConfig&) {
+       [](const DatasetInfo& d, const GptConfig&, ParameterInit) {
          return wrap_module(models::Mlp(flat_size(d.sample_shape), outputs_of(d)), "mlp");
        }},
       {"cnn", "PyTorch's MNIST example CNN: inputs [1, 28, 28], 10 classes", false,
-       [](const DatasetInfo& d, const GptConfig&) { return make_cnn(d); }},
+       [](const DatasetInfo& d, const GptConfig&, ParameterInit) { return make_cnn(d); }},
       {"gpt", "nanoGPT's GPT (--n-layer, --n-head, --n-embd, --block-size, --vocab-size)", true,
-       [](const DatasetInfo&, const GptConfig& gpt) { return wrap_module(Gpt(gpt), "gpt"); }},
+       [](const DatasetInfo&, const GptConfig& gpt, ParameterInit init) { return wrap_module(Gpt(gpt, init), "gpt"); }},
   };
   return table;
 }
 
-std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& data, const GptConfig& gpt) {
+std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& data, const GptConfig& gpt,
+                                  ParameterInit init) {
   for (const auto& m : builtin_models()) {
     if (m.name != spec) continue;
     const bool tokens = data.block_size > 0;
@@ -96,7 +97,7 @@ std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& da
                                     "' is an HDF5 dataset"
                               : "--model " + spec +
                                     " takes an HDF5 dataset; token data needs --model gpt or a TorchScript model");
-    return m.make(data, gpt);
+    return m.make(data, gpt, init);
   }
   std::string names;
   for (const auto& m : builtin_models()) names += m.name + ", ";

@@ -114,8 +114,18 @@ struct TransformerImpl : nn::Module {
         drop(register_module("drop", nn::Dropout(c.dropout))),
         h(register_module("h", nn::ModuleList())),
         ln_f(nullptr) {
-    for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
+    // Each part deferred as soon as it is built (units.hpp): the whole model never has memory here.
+    defer_parameters(*wpe);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      Block block(c);
+      defer_parameters(*block);
+      h->push_back(block);
+    }
     ln_f = register_module("ln_f", LayerNorm(c.n_embd, c.bias));
+    defer_parameters(*ln_f);
+  }
+  static void defer_parameters(const nn::Module& m) {
+    for (const auto& p : m.parameters(/*recurse=*/true)) defer(p);
   }
   SharedWeight wte;
   nn::Embedding wpe;
@@ -180,26 +190,14 @@ GptConfig GptConfig::from_json(const std::string& text) {
   return c;
 }
 
-GptImpl::GptImpl(const GptConfig& config) : config_(config), parts_(std::make_shared<Parts>()) {
+GptImpl::GptImpl(const GptConfig& config, ParameterInit init) : config_(config), parts_(std::make_shared<Parts>()) {
   config_.validate();
   const auto& c = config_;
-  const auto token_embedding = torch::empty({c.vocab_size, c.n_embd});
+  const auto token_embedding = deferred_tensor({c.vocab_size, c.n_embd}, torch::TensorOptions());
   parts_->transformer = register_module("transformer", Transformer(c, token_embedding));
   parts_->lm_head = register_module("lm_head", SharedWeight(token_embedding));
   parts_->embeddings = Embeddings(parts_->transformer);
-  // nanoGPT's _init_weights, then the scaled residual projections.
-  torch::NoGradGuard no_grad;
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
-  for (auto& item : named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    auto& p = item.value();
-    if (name.find(".ln_") != std::string::npos) continue;  // LayerNorm: ones and zeros, as built
-    if (ends_with(name, ".bias")) {
-      p.zero_();
-    } else {
-      p.normal_(0.0, ends_with(name, ".c_proj.weight") ? residual_std : 0.02);
-    }
-  }
+  if (init == ParameterInit::kNow) materialise_units(*this);
   // nanoGPT's get_num_params(non_embedding=True): each tensor once (wte is lm_head), less wpe.
   std::set<const void*> seen;
   for (const auto& p : parameters(/*recurse=*/true)) {
@@ -239,6 +237,28 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   const size_t head = tr.h->size() + 1;
   return run_unit(head, [this, &tr](const torch::Tensor& in) { return parts_->lm_head->project(tr.ln_f(in)); }, x,
                   /*borrowed=*/{0});
+}
+
+// nanoGPT's _init_weights (weights normal with std 0.02, biases zero, LayerNorms ones and zeros), the
+// residual projections' std 0.02 / sqrt(2 n_layer); drawn on the CPU, each tensor once, in the units'
+// order (the tied wte/lm_head weight in the embeddings unit).
+void GptImpl::init_unit(size_t unit) {
+  torch::NoGradGuard no_grad;
+  const bool head = unit == parts_->transformer->h->size() + 1;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  for (auto& item : units().at(unit)->named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    const bool bias = ends_with(name, "bias");
+    torch::Tensor value;
+    if (head || name.rfind("ln_", 0) == 0) {
+      value = bias ? torch::zeros(item.value().sizes()) : torch::ones(item.value().sizes());
+    } else if (bias) {
+      value = torch::zeros(item.value().sizes());
+    } else {
+      value = torch::empty(item.value().sizes()).normal_(0.0, ends_with(name, "c_proj.weight") ? residual_std : 0.02);
+    }
+    item.value().copy_(value);
+  }
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> GptImpl::units() const {

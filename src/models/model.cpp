@@ -6,6 +6,7 @@
 
 #include <torch/script.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -30,7 +31,13 @@ class ModuleModel final : public Model {
   NamedTensors named_parameters() const override { return named(module_->named_parameters(true)); }
   NamedTensors named_buffers() const override { return named(module_->named_buffers(true)); }
   void train(bool on) override { module_->train(on); }
-  void to(c10::Device device) override { module_->to(device); }
+  void to(c10::Device device) override {
+    // A deferred parameter has no bytes to move: it is made again, deferred, on `device`.
+    for (auto& p : module_->parameters(/*recurse=*/true)) {
+      if (is_deferred(p) && p.device() != device) p.set_data(deferred_tensor(p.sizes(), p.options().device(device)));
+    }
+    module_->to(device);
+  }
   std::string description() const override { return name_.empty() ? module_->name() : name_; }
   std::shared_ptr<torch::nn::Module> module() const override { return module_; }
   void set_activation_checkpointing(bool on) override {
@@ -54,6 +61,12 @@ class ModuleModel final : public Model {
   void set_unit_hooks(UnitHooks* hooks) override {
     if (auto* split = dynamic_cast<UnitModule*>(module_.get())) split->set_unit_hooks(hooks);
   }
+  void init_unit(size_t unit) override {
+    auto* split = dynamic_cast<UnitModule*>(module_.get());
+    if (!split) return Model::init_unit(unit);
+    split->init_unit(unit);
+  }
+  void materialise() override { materialise_units(*module_); }
 
  private:
   static NamedTensors named(const torch::OrderedDict<std::string, torch::Tensor>& d) {
@@ -112,6 +125,15 @@ class ScriptModel final : public Model {
 const std::string& Model::torchscript_bytes() const {
   static const std::string none;
   return none;
+}
+
+void Model::init_unit(size_t /*unit*/) {
+  MPIDDP_THROW("the model (" + description() + ") has no units to initialise (deferred initialisation needs a UnitModule)");
+}
+
+bool has_deferred_parameters(const Model& model) {
+  const auto params = model.named_parameters();
+  return std::any_of(params.begin(), params.end(), [](const auto& named) { return is_deferred(named.second); });
 }
 
 void Model::set_activation_checkpointing(bool on) {

@@ -4,6 +4,7 @@
 #include <mpiddp/error.hpp>
 #include <mpiddp/optim.hpp>
 #include <mpiddp/runtime.hpp>
+#include <mpiddp/units.hpp>
 #include <mpiddp/zero.hpp>
 
 #include <ATen/core/Generator.h>
@@ -92,7 +93,7 @@ void model_from_reader(Model& model, SnapshotReader& reader) {
       MPIDDP_CHECK(c10::IntArrayRef(d->shape) == t.sizes(), std::string("the model's ") + what + " '" + name + "' is " +
                                                             shape_text(t.sizes()) + " but the snapshot's is " +
                                                             shape_text(d->shape));
-      t.copy_(reader.read_whole("model/" + name));
+      if (!is_deferred(t)) t.copy_(reader.read_whole("model/" + name));
     }
   };
   load(model.named_parameters(), "parameter");
@@ -110,6 +111,20 @@ std::map<const void*, std::vector<std::string>> names_of(const NamedTensors& par
 }
 
 }  // namespace
+
+void model_slices_from_reader(const NamedTensors& params, ZeroOptimizer& zero, SnapshotReader& reader) {
+  torch::NoGradGuard no_grad;
+  const auto names = names_of(params);
+  for (size_t i = 0; i < zero.parameters().size(); ++i) {
+    if (zero.holds_whole(i)) continue;
+    const auto& p = zero.parameters()[i];
+    const auto [first, numel] = zero.owned_range(i);
+    auto slice = torch::empty({numel}, p.scalar_type());
+    reader.read("model/" + names.at(p.unsafeGetTensorImpl()).front(), first, slice);
+    if (numel > 0) zero.owned_values(i).copy_(slice);
+  }
+  reader.verdict();
+}
 
 void optimizer_parts(const torch::optim::Optimizer& opt, const NamedTensors& params, const ZeroOptimizer* zero,
                      MPI_Comm comm, std::vector<TensorPart>& parts) {

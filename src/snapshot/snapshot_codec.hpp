@@ -33,8 +33,11 @@ void model_from_snapshot(Model& model, const Snapshot& s);
 /// each rank its owned range); the GPT's shape into `meta`.
 void model_parts(const Model& model, const ZeroOptimizer* zero, int rank, int size, std::vector<TensorPart>& parts,
                  Snapshot& meta);
-/// Every parameter and buffer, whole on every rank (read once, all-gathered). Collective.
+/// Every parameter and buffer, whole on every rank (read once, all-gathered), but deferred ones
+/// (units.hpp), which model_slices_from_reader() reads once ZeRO has sharded them. Collective.
 void model_from_reader(Model& model, SnapshotReader& reader);
+/// ZeRO stage 3's sharded parameters: each rank reads its own elements. Collective.
+void model_slices_from_reader(const NamedTensors& params, ZeroOptimizer& zero, SnapshotReader& reader);
 /// The optimizer's state as optimizer_to_snapshot names it: under ZeRO (`zero`) each rank's own
 /// slices, else an even share of the state every rank holds alike (another optimizer's archive:
 /// rank 0's). Collective.

@@ -198,8 +198,9 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
   return reader;
 }
 
-void Trainer::restore_optimizer(detail::SnapshotReader& reader, ZeroOptimizer* zero) {
+void Trainer::restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero) {
   try {
+    if (deferred_) detail::model_slices_from_reader(model_->named_parameters(), *zero, reader);
     detail::optimizer_from_reader(*optimizer_, model_->named_parameters(), zero, reader, options_.device);
   } catch (const AgreedError&) {
     throw;

@@ -10,17 +10,38 @@
 
 namespace mpiddp::detail {
 
-MemoryPlan plan_memory(const PlanInputs& in) {
-  MemoryPlan plan;
+namespace {
+
+// Stage 3's units, largest first (none below stage 3).
+std::vector<int64_t> sharded_units(const PlanInputs& in) {
   std::vector<int64_t> units = in.zero_stage == 3 ? in.units : std::vector<int64_t>{};
   std::sort(units.rbegin(), units.rend());
+  return units;
+}
+
+}  // namespace
+
+int64_t sharded_model_bytes(const PlanInputs& in) {
+  const auto units = sharded_units(in);
   const int64_t unit_bytes = std::accumulate(units.begin(), units.end(), int64_t{0});
-  // Stage 3 keeps 1/N of its units' parameters, and the units gathered at the moment whole: the
-  // two largest with prefetch, one without, all when kept from forward to backward.
+  return in.model_bytes - unit_bytes + (unit_bytes + in.world - 1) / in.world;
+}
+
+// Stage 3 keeps the units gathered at the moment whole: the two largest with prefetch, one
+// without, all when kept from forward to backward.
+int64_t gathered_unit_bytes(const PlanInputs& in) {
+  const auto units = sharded_units(in);
   const size_t gathered = std::min(units.size(), !in.reshard_after_forward ? units.size() : in.prefetch ? 2 : 1);
-  plan.parameters = in.model_bytes - unit_bytes + (unit_bytes + in.world - 1) / in.world +
-                    std::accumulate(units.begin(), units.begin() + static_cast<std::ptrdiff_t>(gathered), int64_t{0});
-  plan.process = std::max<int64_t>(0, in.resident - in.model_bytes);
+  return std::accumulate(units.begin(), units.begin() + static_cast<std::ptrdiff_t>(gathered), int64_t{0});
+}
+
+MemoryPlan plan_memory(const PlanInputs& in) {
+  MemoryPlan plan;
+  const auto units = sharded_units(in);
+  const int64_t unit_bytes = std::accumulate(units.begin(), units.end(), int64_t{0});
+  // Stage 3 keeps 1/N of its units' parameters and the units gathered at the moment.
+  plan.parameters = sharded_model_bytes(in) + gathered_unit_bytes(in);
+  plan.process = std::max<int64_t>(0, in.resident - in.model_resident);
   const int64_t shard = (in.trainable_bytes + in.world - 1) / in.world;
   plan.gradients = in.trainable_bytes;
   if (in.zero_stage >= 2) {

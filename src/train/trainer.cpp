@@ -177,7 +177,14 @@ void Trainer::adopt(ModelAndOptimizer made) {
   }
   model_->to(options_.device);
   model_->set_activation_checkpointing(options_.activation_checkpointing);
-  check_model_fits_data();
+  // A deferred model (units.hpp) stays so at stage 3, where ZeRO initialises it unit by unit in fit()
+  // (which checks it against the data then); anywhere else it is initialised whole now.
+  deferred_ = has_deferred_parameters(*model_);
+  if (deferred_ && options_.zero_stage < 3) {
+    model_->materialise();
+    deferred_ = false;
+  }
+  if (!deferred_) check_model_fits_data();
 }
 
 void Trainer::check_model_fits_data() {
@@ -228,6 +235,18 @@ int state_fields(const torch::optim::Optimizer& optimizer) {
 
 int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+torch::Tensor cpu_generator_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_generator_state(const torch::Tensor& state) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
 // Drops a parameter's gradient as soon as autograd has accumulated it (the memory plan's probe).
 struct DropGradient : torch::autograd::FunctionPostHook {
   explicit DropGradient(torch::Tensor p) : param(std::move(p)) {}
@@ -242,6 +261,31 @@ struct DropGradient : torch::autograd::FunctionPostHook {
 }  // namespace
 
 MemoryPlan Trainer::plan_memory() {
+  if (!deferred_) return plan_memory(nullptr);
+  // A deferred model is planned as fit() plans it: initialised and sharded by ZeRO stage 3, then
+  // left deferred again (its slices dropped, the generator its draws moved put back).
+  const auto rng = cpu_generator_state();
+  auto zero = options_.zero;
+  zero.whole_at_end = false;
+  DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
+  detail::Update update(*optimizer_, trainable(*model_), options_, pg_, {}, ddp, *model_, /*initialise_units=*/true, &zero);
+  check_model_fits_data();
+  auto plan = plan_memory(&ddp);
+  set_cpu_generator_state(rng);
+  return plan;
+}
+
+DdpOptions Trainer::ddp_options() const {
+  const auto& o = options_;
+  DdpOptions ddp = o.ddp;
+  ddp.mean_tail_values = detail::StepAgreement::kSlots;  // the agreement rides with the gradients
+  ddp.reduction = zero_reduction(o.zero_stage, o.ddp.compression);
+  ddp.compression.reset();  // the reduction's now
+  if (o.zero_stage == 3) ddp.units = model_->units();
+  return ddp;
+}
+
+MemoryPlan Trainer::plan_memory(DistributedDataParallel* sharded) {
   const auto& o = options_;
   detail::PlanInputs in;
   in.resident = resident_bytes();
@@ -272,21 +316,20 @@ MemoryPlan Trainer::plan_memory() {
   const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;
   in.snapshot_through_rank_zero =
       detail::resolve_io(detail::SnapshotIo::kAuto, snapshot_bytes) == detail::SnapshotIo::kThroughRankZero;
-  in.activations = probe_activations(in.trainable_bytes);
+  // Planned after stage 3 sharded the model (deferred): the process holds its slices, and the probe's
+  // peak the units it gathered, which the plan counts apart.
+  in.model_resident = sharded ? detail::sharded_model_bytes(in) : in.model_bytes;
+  const int64_t probed = probe_activations(in.trainable_bytes, sharded);
+  in.activations = sharded ? std::max<int64_t>(0, probed - detail::gathered_unit_bytes(in)) : probed;
   return detail::plan_memory(in);
 }
 
-int64_t Trainer::probe_activations(int64_t gradient_bytes) {
+int64_t Trainer::probe_activations(int64_t gradient_bytes, DistributedDataParallel* sharded) {
   const auto& o = options_;
   if (!o.device.is_cpu()) return 0;  // the CUDA caching allocator's figures: not yet
   // What the step moves, put back after: the CPU generator (dropout), the buffers (BatchNorm),
   // the gradients (none yet: each parameter's .grad left undefined, as training starts).
-  auto generator = at::detail::getDefaultCPUGenerator();
-  torch::Tensor rng;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    rng = generator.get_state();
-  }
+  const auto rng = cpu_generator_state();
   std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
   for (const auto& [name, t] : model_->named_buffers()) buffers.emplace_back(t, t.clone());
   const auto batch = train_->read_range(0, std::min<int64_t>(o.batch_size, train_->size()));
@@ -317,6 +360,8 @@ int64_t Trainer::probe_activations(int64_t gradient_bytes) {
   const int64_t heap = heap_bytes_in_use();
   int64_t held = 0;
   {
+    std::optional<DistributedDataParallel::NoSync> local;  // sharded: the units gathered, nothing reduced
+    if (sharded) local.emplace(sharded);
     auto loss = forward_loss(batch.inputs, batch.targets).second;
     held = heap_bytes_in_use() - heap;
     loss.backward();
@@ -329,8 +374,7 @@ int64_t Trainer::probe_activations(int64_t gradient_bytes) {
     for (auto& p : params) p.mutable_grad().reset();
     for (auto& [t, saved] : buffers) t.copy_(saved);
   }
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(rng);
+  set_cpu_generator_state(rng);
   return std::max<int64_t>({0, held, step_peak});
 }
 
@@ -430,25 +474,27 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   RunPosition p;
   auto resumed = restore(note, &result.resumed_from, p);
   std::optional<MemoryPlan> memory;
-  if (o.memory_plan) {
-    memory = plan_memory();
+  if (o.memory_plan && !deferred_) {  // a deferred model's once ZeRO has initialised it, below
+    memory = plan_memory(nullptr);
     note(memory->describe());
   }
   int64_t steps_run = 0;  ///< by this call; the measured peak is reported after kMemoryCheckSteps
   const RunPlan plan(o.epochs, steps_per_epoch_, o.max_steps);
-  DdpOptions ddp_options = o.ddp;
-  ddp_options.mean_tail_values = detail::StepAgreement::kSlots;  // the agreement rides with the gradients
-  ddp_options.reduction = zero_reduction(o.zero_stage, o.ddp.compression);
-  ddp_options.compression.reset();  // the reduction's now
-  if (o.zero_stage == 3) ddp_options.units = model_->units();
-  DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options);
+  DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
   detail::StepAgreement agreement(ddp.mean_tail(), pg_);
-  detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp, *model_);
-  if (memory) reset_peak_resident_bytes();  // the measured peak is training's (stage 3 sharded the model just now)
+  detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp, *model_, /*initialise_units=*/!resumed);
   if (resumed) {  // the optimizer's state last: under ZeRO each rank reads only its slices
-    restore_optimizer(*resumed, update.zero());
+    restore_shards(*resumed, update.zero());
     resumed.reset();
   }
+  if (deferred_) {  // initialised, sharded: checked and planned now, through the units' gathering
+    check_model_fits_data();
+    if (o.memory_plan) {
+      memory = plan_memory(&ddp);
+      note(memory->describe());
+    }
+  }
+  if (memory) reset_peak_resident_bytes();  // the measured peak is training's (stage 3 sharded the model just now)
   detail::ProgressLog progress(*logs_, o, runtime_, plan, p, *throughput_, on_note);
   detail::BatchSource batches(*train_, o, runtime_, plan, p, read_ahead);
   const detail::SnapshotPolicy snapshots(o);

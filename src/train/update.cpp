@@ -7,9 +7,14 @@
 namespace mpiddp::detail {
 
 Update::Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
-               ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, Model& model)
+               ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, Model& model,
+               bool initialise_units, const ZeroOptions* zero_options)
     : optimizer_(optimizer), params_(std::move(params)), clip_grad_norm_(options.clip_grad_norm), pg_(pg), model_(model) {
-  if (ddp.reduction().zero_stage() > 0) zero_ = std::make_unique<ZeroOptimizer>(ddp, optimizer, options.zero);
+  if (ddp.reduction().zero_stage() > 0) {
+    ZeroOptions zero = zero_options ? *zero_options : options.zero;
+    if (initialise_units) zero.init_unit = [&model](size_t unit) { model.init_unit(unit); };
+    zero_ = std::make_unique<ZeroOptimizer>(ddp, optimizer, zero);
+  }
   if (options.precision == c10::kHalf) {  // dynamic loss scaling, continued from the snapshot
     scaler_.emplace(options.device, options.loss_scaling);
     if (from.loss_scale > 0) scaler_->load(from.loss_scale, from.growth_tracker);

@@ -28,9 +28,12 @@ class Update {
  public:
   /// `params`: what clipping and unscaling see (the trainable parameters). The fp16 scaler
   /// continues from `from` (a snapshot's state) when it holds one. Under ZeRO the optimizer is
-  /// sharded over `ddp` (its reduction says the stage), taking the state a resume put in it.
+  /// sharded over `ddp` (its reduction says the stage), taking the state a resume put in it; at
+  /// stage 3 `initialise_units` has the model's deferred units initialised (units.hpp), else they
+  /// start as zeros (a resume reads them next). `zero`: ZeRO's options, else `options`'.
   Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
-         ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, Model& model);
+         ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, Model& model,
+         bool initialise_units = true, const ZeroOptions* zero = nullptr);
   ~Update();
   Update(const Update&) = delete;
   Update& operator=(const Update&) = delete;

@@ -69,13 +69,16 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     if (unit >= 0) buckets_of_unit_[static_cast<size_t>(unit)].push_back(b);  // none: no trainable parameters
   }
   for (size_t u = 0; u < buckets_of_unit_.size(); ++u) set_of_unit_.push_back({u});
-  // Bucket by bucket, so that the memory the parameters were built in goes back while the next
-  // bucket is sharded: the peak is the model as it came plus one bucket's slice, never a second
-  // copy of the units. A failure part-way (memory) leaves the buckets sharded so far NaN, as the
+  // Unit by unit, bucket by bucket, so that the memory the parameters were built in goes back while
+  // the next bucket is sharded: the peak is the model as it came plus one bucket's slice, never a
+  // second copy of the units; a deferred model (units.hpp) gets one unit's memory at a time, so it
+  // is never whole. A failure part-way (memory) leaves the buckets sharded so far NaN, as the
   // destructor does: their other ranks' values are gone from this rank.
   try {
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (ddp.buckets()[b].unit >= 0) shard(b, ddp.buckets()[b], ddp.parameters());
+    for (size_t u = 0; u < buckets_of_unit_.size(); ++u) {
+      initialise(u, ddp);
+      for (size_t b : buckets_of_unit_[u]) shard(b, ddp.buckets()[b], ddp.parameters());
+      release_free_memory();  // the unit as it was built (or initialised): freed for good, not kept by malloc
     }
   } catch (...) {
     try {
@@ -84,12 +87,29 @@ ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& opti
     }
     throw;
   }
-  release_free_memory();  // the units as they were built: freed for good, not kept resident by malloc
   for (const auto& buckets : buckets_of_unit_) {
     size_t bytes = 0;
     for (size_t b : buckets) bytes += bytes_of(buckets_[b].full);
     max_spare_bytes_ = std::max(max_spare_bytes_, 2 * bytes);
   }
+}
+
+// Zeros, then (given init_unit) the unit's initial values, rank 0's: the same on every rank, as
+// DDP's broadcast makes the parameters it is given.
+void ShardedUnits::initialise(size_t unit, const DistributedDataParallel& ddp) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> deferred;
+  for (size_t b : buckets_of_unit_[unit]) {
+    for (size_t i : ddp.buckets()[b].params) {
+      auto p = ddp.parameters()[i];
+      if (!is_deferred(p)) continue;
+      p.set_data(torch::zeros(p.sizes(), p.options()));
+      deferred.push_back(p);
+    }
+  }
+  if (deferred.empty() || !options_.init_unit) return;
+  options_.init_unit(unit);
+  for (const auto& p : deferred) pg_.broadcast(p, 0);
 }
 
 void ShardedUnits::shard(size_t b, const BucketLayout& layout, const std::vector<torch::Tensor>& params) {

@@ -61,6 +61,8 @@ class ShardedUnits final : public UnitHooks {
     std::vector<int64_t> offsets;       ///< each one's first element in `full`
   };
   struct Pass;  ///< one backward pass: frees every unit when it ends (or is dropped, on an error)
+  /// Deferred initialisation: gives the unit's deferred parameters memory and their initial values.
+  void initialise(size_t unit, const DistributedDataParallel& ddp);
   /// Keeps this rank's slice of bucket b and moves its parameters onto views of `full` (no bytes).
   void shard(size_t b, const BucketLayout& layout, const std::vector<torch::Tensor>& params);
   void start(size_t unit);    ///< allocates the buffers of unit's set and starts their all-gathers

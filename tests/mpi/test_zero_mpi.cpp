@@ -552,6 +552,66 @@ TEST(Zero, Stage3ShardsTheModelWithoutASecondCopy) {
                                         << after << " B) by " << above << " B; the slices are " << slices << " B";
 }
 
+TEST(Zero, Stage3InitialisesADeferredGptUnitByUnitAsTheWholeOne) {
+  // A GPT built deferred (no memory) and initialised by stage 3 unit by unit equals the GPT built
+  // whole from the same seed, leaves the generator where that one does, and never holds the whole
+  // model: the resident peak from before it is built until sharded grows by this rank's slices and
+  // a few units (its zeros, its values, the broadcast's), less than the model alone, which a whole
+  // build holds besides its slices (16 blocks of 7 MiB, the model 108 MiB; at 1 rank the slices
+  // are the model: only 2-4 ranks tell).
+  if (!mpiddp::reset_peak_resident_bytes()) GTEST_SKIP() << "no /proc/self/clear_refs here";
+  auto config = gpt_config();
+  config.n_layer = 16;
+  config.n_head = 6;
+  config.n_embd = 384;
+  torch::manual_seed(7);
+  auto whole = std::make_shared<mpiddp::GptImpl>(config);
+  const auto next_draw = torch::rand({4});
+  torch::manual_seed(7);
+  mpiddp::reset_peak_resident_bytes();
+  const int64_t before = mpiddp::resident_bytes();
+  auto model = std::make_shared<mpiddp::GptImpl>(config, mpiddp::ParameterInit::kDeferred);
+  for (const auto& p : model->parameters()) MPIDDP_EXPECT_ALL(mpiddp::is_deferred(p));
+  mpiddp::DdpOptions d;
+  d.reduction = mpiddp::zero_reduction(3);
+  d.units = units_of(*model);
+  mpiddp::DistributedDataParallel ddp(model, mpiddp::testing::checked_group("mpi"), d);
+  auto optimizer = make_optimizer("adamw", *model);
+  int64_t slices = 0, largest_unit = 0;
+  for (const auto& bucket : ddp.buckets()) {
+    if (bucket.unit < 0) continue;
+    slices += bucket.padded / ddp.process_group().size() * 4;
+    largest_unit = std::max(largest_unit, bucket.padded * 4);
+  }
+  int64_t model_bytes = 0;
+  for (const auto& p : whole->parameters()) model_bytes += p.numel() * 4;
+  {
+    mpiddp::ZeroOptions o;
+    o.init_unit = [&](size_t unit) { model->init_unit(unit); };
+    mpiddp::ZeroOptimizer zero(ddp, *optimizer, o);
+    const int64_t grew = mpiddp::peak_resident_bytes() - before;
+    MPIDDP_EXPECT_ALL(ddp.process_group().size() == 1 || grew < model_bytes)
+        << "built and sharded, the peak grew by " << grew << " B; this rank's slices are " << slices
+        << " B, a unit " << largest_unit << " B, the whole model " << model_bytes << " B";
+    MPIDDP_EXPECT_ALL(torch::equal(torch::rand({4}), next_draw)) << "the initialisation drew otherwise";
+  }  // whole at its end
+  const auto expected = whole->named_parameters();
+  for (const auto& item : model->named_parameters()) {
+    MPIDDP_EXPECT_ALL(torch::equal(item.value(), expected[item.key()])) << item.key();
+  }
+}
+
+TEST(Zero, ADeferredParameterOutsideStage3IsOneClearError) {
+  auto model = std::make_shared<mpiddp::GptImpl>(gpt_config(), mpiddp::ParameterInit::kDeferred);
+  mpiddp::DdpOptions d;
+  d.reduction = mpiddp::zero_reduction(2);
+  const auto message = mpiddp::testing::error_of(
+      [&] { mpiddp::DistributedDataParallel ddp(model, mpiddp::testing::checked_group("mpi"), d); });
+  MPIDDP_EXPECT_ALL(message.find("is deferred (no memory yet): only ZeRO stage 3") != std::string::npos) << message;
+  mpiddp::materialise_units(*model);
+  for (const auto& p : model->parameters()) MPIDDP_EXPECT_ALL(!mpiddp::is_deferred(p));
+}
+
 TEST(Zero, ShardsCoverEveryElementOnce) {
   for (int stage : {1, 2, 3}) {
     Spec s;

@@ -66,5 +66,14 @@ run_np 2 "$mpiddp" "${gpt[@]}" --dry-run --snapshot-dir "$tmp/dry"
 check "--dry-run: exits 0" [ "$rc" -eq 0 ]
 check "--dry-run: prints the plan" contains "^memory plan per rank: peak [0-9]* MiB = process" "$out"
 check "--dry-run: no step, no snapshot" bash -c '! grep -q "^Epoch\|measured peak" <<<"$1" && [ ! -e "$2/latest.h5" ]' _ "$out" "$tmp/dry"
+# At stage 3 the GPT is deferred (initialised by ZeRO unit by unit): the dry run shards it to plan,
+# the same plan as the run's.
+run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage 3 --dry-run
+dry=$(grep -m1 '^memory plan' <<<"$out")
+check "--dry-run, stage 3: prints the plan" [ "$rc" -eq 0 -a -n "$dry" ]
+run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage 3
+sharded_parts() { sed 's/.*\(parameters .* optimizer state [0-9]*\).*/\1/' <<<"$1"; }  # what ZeRO's rule sets
+check "--dry-run, stage 3: the training run's parameters, gradients and optimizer state ($(sharded_parts "$dry"))" \
+  [ "$(sharded_parts "$(grep -m1 '^memory plan' <<<"$out")")" = "$(sharded_parts "$dry")" ]
 
 finish
