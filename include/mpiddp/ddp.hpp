@@ -96,7 +96,8 @@ class DistributedDataParallel {
  public:
   /// Broadcasts parameters and buffers from rank 0 after checking that every rank holds the same
   /// parameter names, shapes and dtypes (else mpiddp::Error on every rank naming the first
-  /// difference). Collective.
+  /// difference); deferred parameters (units.hpp), which only a stage-3 reduction takes, are
+  /// broadcast by the ZeroOptimizer as it initialises them. Collective.
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup& pg, DdpOptions options = {});
   /// The same for a model given as its named parameters and buffers (a TorchScript module, a
   /// mpiddp::Model): parameters with requires_grad are reduced, the others and the buffers are

@@ -94,7 +94,9 @@ struct TrainerOptions {
   /// its 1/N of the averaged gradient (buckets reduce-scattered during backward). The optimizer
   /// must be SGD, Adam or AdamW. 3: also only its 1/N of the model's units' parameters
   /// (Model::units(): the built-in GPT's embeddings, blocks and head, the MLP's and CNN's layers,
-  /// SequentialUnits' picks), each unit gathered for its forward and its backward (units.hpp); after fit() the model
+  /// SequentialUnits' picks), each unit gathered for its forward and its backward (units.hpp); a
+  /// deferred model (units.hpp; `mpiddp train` builds the GPT so at stage 3) has no memory before
+  /// fit(), which initialises it unit by unit, never whole on a rank; after fit() the model
   /// is whole again on every rank, or without memory where zero.whole_at_end is false (after a
   /// fit() that threw, the units' parameters are NaN). Each rank writes its own
   /// slices into the one snapshot file, which holds every tensor whole: a run resumes at any stage
@@ -213,9 +215,10 @@ using ModelFactory = std::function<ModelAndOptimizer(const DatasetInfo& data)>;
 class Trainer {
  public:
   /// Checks the options, opens the datasets and runs the model once on two samples (evaluation
-  /// mode, no gradient: no state changes) to check its outputs against the targets; throws
-  /// mpiddp::Error with a one-line reason on bad input. Calls no collective. The optimizer must
-  /// hold the model's parameters.
+  /// mode, no gradient: no state changes) to check its outputs against the targets (a deferred model
+  /// at stage 3: fit() does, once it is initialised); throws mpiddp::Error with a one-line reason on
+  /// bad input. Calls no collective. The optimizer must hold the model's parameters. A deferred model
+  /// below stage 3 is initialised here (Model::materialise()).
   Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model> model,
           std::shared_ptr<torch::optim::Optimizer> optimizer, TrainerOptions options);
   /// The same, the model made by `make` from the training set once it is open (`mpiddp train`
@@ -251,24 +254,30 @@ class Trainer {
   void open_data();
   void adopt(ModelAndOptimizer made);
   std::string fingerprint() const;
-  /// The snapshot the run resumes from, open on every rank, with the model, RNG and position `p`
+  /// The snapshot the run resumes from, open on every rank, with the model (but its deferred
+  /// parameters: restore_shards() reads their slices), RNG and position `p`
   /// loaded from it (nullptr: a fresh start). Collective.
   std::unique_ptr<detail::SnapshotReader> restore(const std::function<void(const std::string&)>& note,
                                                   std::string* from, detail::RunPosition& p);
-  /// The optimizer's state from it, once ZeRO (`zero`, or null) has sharded the optimizer, and a
-  /// deferred model's slices (restore() left them). Collective.
-  void restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero);
+  /// The optimizer's state from it, once ZeRO (`zero`, or null) has sharded the optimizer, and,
+  /// `deferred`, the model's slices (restore() left them). Collective.
+  void restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero, bool deferred);
   std::string save(const detail::RunPosition& p, const ZeroOptimizer* zero);
   /// One forward on two samples (evaluation mode, no gradient): the model takes the set's inputs
-  /// and its outputs fit the targets. Local.
+  /// and its outputs fit the targets. Local (collective once stage 3 has sharded the model).
   void check_model_fits_data();
   /// What one micro-batch's forward and backward add to the process at their peak, besides the
   /// parameters' gradients (`gradient_bytes`): the activations and backward's working memory (a
-  /// checkpointed block's recompute included), by running them once. 0 off the CPU. Local.
+  /// checkpointed block's recompute included), by running them once. 0 off the CPU. Local (collective
+  /// when `sharded`).
   /// `sharded`: the model is sharded over it (stage 3, a deferred model): the probe runs through the
   /// units' gathering without reducing (no_sync).
   int64_t probe_activations(int64_t gradient_bytes, DistributedDataParallel* sharded);
-  MemoryPlan plan_memory(DistributedDataParallel* sharded);
+  /// `sharded`: planned once ZeRO stage 3 initialised a deferred model over it, the process's resident
+  /// size taken before (`resident_before_sharding`).
+  MemoryPlan plan_memory(DistributedDataParallel* sharded, int64_t resident_before_sharding);
+  /// check_model_fits_data() once sharded (collective: the units gathered), its failure agreed.
+  void check_sharded_model_fits_data();
   DdpOptions ddp_options() const;  ///< fit()'s: the reduction of the ZeRO stage, stage 3's units
   /// The largest rank's measured peak against the plan, one line. Collective.
   std::string measured_memory(const MemoryPlan& plan, int64_t steps) const;
@@ -300,7 +309,6 @@ class Trainer {
   int64_t steps_per_epoch_ = 0;
   std::unique_ptr<detail::RunLogs> logs_;  ///< rank 0's metrics file and TensorBoard writer
   std::unique_ptr<detail::Throughput> throughput_;  ///< what samples/s makes tokens/s, FLOP/s and MFU with
-  bool deferred_ = false;  ///< the model's parameters are deferred: ZeRO stage 3 initialises them in fit()
 };
 
 /// The training or test set that `source` names, as the Trainer opens it (options.data_format,

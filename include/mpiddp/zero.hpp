@@ -90,8 +90,9 @@ class ZeroOptimizer {
  public:
   /// Shards `optimizer`'s state: SGD, Adam and AdamW (and mpiddp's FusedAdam/FusedAdamW, still
   /// fused), else mpiddp::Error; `ddp` must reduce with zero_reduction(1 or 2). Every tensor it optimizes must be one `ddp` reduces. Collective
-  /// only through what `ddp` is (no communication here).
-  /// At stage 3 the parameters of `ddp`'s unit buckets are sharded here (their memory freed).
+  /// only through what `ddp` is (no communication below stage 3).
+  /// At stage 3 the parameters of `ddp`'s unit buckets are sharded here (their memory freed), and
+  /// deferred ones initialised and broadcast from rank 0 first (ZeroOptions::init_unit): collective.
   ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer, ZeroOptions options = {});
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;

@@ -367,7 +367,7 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, int threads, Runtime& runtime, ProcessGroup& pg) {
   torch::set_num_threads(threads);
   if (c.deterministic) use_deterministic_kernels();
-  torch::manual_seed(c.t.seed);  // the same initial model on every rank (DDP broadcasts rank 0's anyway)
+  torch::manual_seed(c.t.seed);  // the same initial model on every rank (DDP, or stage 3's ZeRO, broadcasts rank 0's anyway)
   const auto make = [&c](const DatasetInfo& data) {
     // ZeRO stage 3 initialises a deferred model unit by unit: it is never whole on a rank (a
     // state_dict to start from is read whole, so that one is made whole).

@@ -168,7 +168,8 @@ void DistributedDataParallel::check_deferred(const std::vector<std::pair<std::st
   for (const auto& [name, p] : parameters) {
     MPIDDP_CHECK(!is_deferred(p) || sharded.count(p.unsafeGetTensorImpl()),
                  "the parameter '" + name + "' is deferred (no memory yet): only ZeRO stage 3 initialises deferred "
-                 "parameters, a unit's trainable ones; materialise the model first (Model::materialise())");
+                 "parameters, a unit's trainable ones; materialise the model first (materialise_units(module), "
+                 "Model::materialise())");
   }
 }
 

@@ -190,6 +190,8 @@ void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensor
       MPIDDP_CHECK(it->second.sizes() == t.sizes(), std::string("the model's ") + what + " '" + name + "' is " +
                                                         shape_text(t.sizes()) + " but the tensor given is " +
                                                         shape_text(it->second.sizes()));
+      MPIDDP_CHECK(!is_deferred(t), std::string("the model's ") + what + " '" + name +
+                                         "' is deferred (no memory yet): materialise the model before loading into it");
       t.copy_(it->second);
     }
   };

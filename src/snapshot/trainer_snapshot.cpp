@@ -1,6 +1,7 @@
 // The Trainer's snapshots: what it writes (model, optimizer, every rank's RNG, progress), every
 // rank its own part of one file, and how a run resumes from one (every rank verifies it with the
-// others and reads what it needs: under ZeRO only its own slices of the optimizer's state).
+// others and reads what it needs: under ZeRO only its own slices of the optimizer's state, and of a
+// deferred model's parameters at stage 3).
 #include <mpiddp/snapshot.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
@@ -198,9 +199,9 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
   return reader;
 }
 
-void Trainer::restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero) {
+void Trainer::restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero, bool deferred) {
   try {
-    if (deferred_) detail::model_slices_from_reader(model_->named_parameters(), *zero, reader);
+    if (deferred) detail::model_slices_from_reader(model_->named_parameters(), *zero, reader);
     detail::optimizer_from_reader(*optimizer_, model_->named_parameters(), zero, reader, options_.device);
   } catch (const AgreedError&) {
     throw;

@@ -19,8 +19,7 @@ std::vector<int64_t> sharded_units(const PlanInputs& in) {
   return units;
 }
 
-}  // namespace
-
+// Stage 3: the parameters and buffers a rank holds between units (its slices of the units', the rest whole).
 int64_t sharded_model_bytes(const PlanInputs& in) {
   const auto units = sharded_units(in);
   const int64_t unit_bytes = std::accumulate(units.begin(), units.end(), int64_t{0});
@@ -35,13 +34,15 @@ int64_t gathered_unit_bytes(const PlanInputs& in) {
   return std::accumulate(units.begin(), units.begin() + static_cast<std::ptrdiff_t>(gathered), int64_t{0});
 }
 
+}  // namespace
+
 MemoryPlan plan_memory(const PlanInputs& in) {
   MemoryPlan plan;
   const auto units = sharded_units(in);
   const int64_t unit_bytes = std::accumulate(units.begin(), units.end(), int64_t{0});
   // Stage 3 keeps 1/N of its units' parameters and the units gathered at the moment.
   plan.parameters = sharded_model_bytes(in) + gathered_unit_bytes(in);
-  plan.process = std::max<int64_t>(0, in.resident - in.model_resident);
+  plan.process = std::max<int64_t>(0, in.resident - (in.model_resident >= 0 ? in.model_resident : in.model_bytes));
   const int64_t shard = (in.trainable_bytes + in.world - 1) / in.world;
   plan.gradients = in.trainable_bytes;
   if (in.zero_stage >= 2) {

@@ -12,7 +12,7 @@ namespace mpiddp::detail {
 struct PlanInputs {
   int64_t resident = 0;            ///< this process's resident memory when planned (the model made)
   int64_t model_bytes = 0;         ///< parameters and buffers, each tensor once
-  int64_t model_resident = 0;      ///< what `resident` holds of them (all, or stage 3's slices: sharded_model_bytes)
+  int64_t model_resident = -1;     ///< what `resident` holds of them (-1: all; a deferred model's: none of its units')
   int64_t trainable_bytes = 0;     ///< the parameters the optimizer steps
   int64_t largest_tensor = 0;      ///< bytes of the largest parameter or buffer
   std::vector<int64_t> units;      ///< ZeRO stage 3: each unit's trainable bytes (sharded), in any order
@@ -30,9 +30,6 @@ struct PlanInputs {
 };
 
 MemoryPlan plan_memory(const PlanInputs& in);
-/// Stage 3: the parameters and buffers a rank holds between units (its slices of the units', the rest whole).
-int64_t sharded_model_bytes(const PlanInputs& in);
-/// Stage 3: the units gathered at once at most (0 below stage 3).
-int64_t gathered_unit_bytes(const PlanInputs& in);
+
 
 }  // namespace mpiddp::detail

@@ -17,6 +17,7 @@
 #include <mpiddp/error.hpp>
 #include <mpiddp/flops.hpp>
 #include <mpiddp/trainer.hpp>
+#include <mpiddp/units.hpp>
 #include <mpiddp/zero.hpp>
 
 #include <algorithm>
@@ -127,7 +128,8 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& m
                                          (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") +
                                          " on each of " + std::to_string(runtime.size()) + " ranks");
   throughput_ = std::make_unique<detail::Throughput>(throughput_of(o, *model_, *task_, runtime));
-  // Rank 0's files, last: every check above has passed before anything is created.
+  // Rank 0's files, last: every check above has passed before anything is created (a deferred
+  // model's check against the data waits for fit(), which shards it first).
   logs_ = std::make_unique<detail::RunLogs>(o, runtime.rank());
 }
 
@@ -179,12 +181,8 @@ void Trainer::adopt(ModelAndOptimizer made) {
   model_->set_activation_checkpointing(options_.activation_checkpointing);
   // A deferred model (units.hpp) stays so at stage 3, where ZeRO initialises it unit by unit in fit()
   // (which checks it against the data then); anywhere else it is initialised whole now.
-  deferred_ = has_deferred_parameters(*model_);
-  if (deferred_ && options_.zero_stage < 3) {
-    model_->materialise();
-    deferred_ = false;
-  }
-  if (!deferred_) check_model_fits_data();
+  if (options_.zero_stage < 3) model_->materialise();
+  if (!has_deferred_parameters(*model_)) check_model_fits_data();
 }
 
 void Trainer::check_model_fits_data() {
@@ -261,18 +259,32 @@ struct DropGradient : torch::autograd::FunctionPostHook {
 }  // namespace
 
 MemoryPlan Trainer::plan_memory() {
-  if (!deferred_) return plan_memory(nullptr);
+  if (!has_deferred_parameters(*model_)) return plan_memory(nullptr, 0);
   // A deferred model is planned as fit() plans it: initialised and sharded by ZeRO stage 3, then
   // left deferred again (its slices dropped, the generator its draws moved put back).
   const auto rng = cpu_generator_state();
   auto zero = options_.zero;
   zero.whole_at_end = false;
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
+  const int64_t resident = resident_bytes();
   detail::Update update(*optimizer_, trainable(*model_), options_, pg_, {}, ddp, *model_, /*initialise_units=*/true, &zero);
-  check_model_fits_data();
-  auto plan = plan_memory(&ddp);
+  check_sharded_model_fits_data();
+  auto plan = plan_memory(&ddp, resident);
   set_cpu_generator_state(rng);
   return plan;
+}
+
+// After sharding every rank runs the same check on the same samples: its verdict is every rank's.
+void Trainer::check_sharded_model_fits_data() {
+  try {
+    check_model_fits_data();
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const CollectiveTimeout&) {
+    throw;
+  } catch (const Error& e) {
+    MPIDDP_THROW_AGREED(e.message());
+  }
 }
 
 DdpOptions Trainer::ddp_options() const {
@@ -285,15 +297,18 @@ DdpOptions Trainer::ddp_options() const {
   return ddp;
 }
 
-MemoryPlan Trainer::plan_memory(DistributedDataParallel* sharded) {
+MemoryPlan Trainer::plan_memory(DistributedDataParallel* sharded, int64_t resident_before_sharding) {
   const auto& o = options_;
   detail::PlanInputs in;
-  in.resident = resident_bytes();
+  // Sharded (a deferred model): the process as it was before ZeRO made its slices, gradient shards
+  // and gathering buffers, which the plan counts by their rules; it held the tensors with memory.
+  in.resident = sharded ? resident_before_sharding : resident_bytes();
   std::set<const void*> seen;
   for (const auto& named : {model_->named_parameters(), model_->named_buffers()}) {
     for (const auto& [name, t] : named) {
       if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
       in.model_bytes += bytes_of(t);
+      if (!is_deferred(t)) in.model_resident += bytes_of(t);
       in.largest_tensor = std::max(in.largest_tensor, bytes_of(t));
     }
   }
@@ -316,11 +331,9 @@ MemoryPlan Trainer::plan_memory(DistributedDataParallel* sharded) {
   const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;
   in.snapshot_through_rank_zero =
       detail::resolve_io(detail::SnapshotIo::kAuto, snapshot_bytes) == detail::SnapshotIo::kThroughRankZero;
-  // Planned after stage 3 sharded the model (deferred): the process holds its slices, and the probe's
-  // peak the units it gathered, which the plan counts apart.
-  in.model_resident = sharded ? detail::sharded_model_bytes(in) : in.model_bytes;
-  const int64_t probed = probe_activations(in.trainable_bytes, sharded);
-  in.activations = sharded ? std::max<int64_t>(0, probed - detail::gathered_unit_bytes(in)) : probed;
+  // Sharded: the probe's gathering reuses the buffers the data check's forward left (they are in the
+  // resident size it starts from), so its peak is the activations'.
+  in.activations = probe_activations(in.trainable_bytes, sharded);
   return detail::plan_memory(in);
 }
 
@@ -472,25 +485,27 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   FitResult result;
   if (detail::SnapshotPolicy(o).enabled()) detail::check_shared_directory(runtime_.world(), o.snapshot_dir);
   RunPosition p;
+  const bool deferred = has_deferred_parameters(*model_);  // stage 3: ZeRO initialises it unit by unit below
   auto resumed = restore(note, &result.resumed_from, p);
   std::optional<MemoryPlan> memory;
-  if (o.memory_plan && !deferred_) {  // a deferred model's once ZeRO has initialised it, below
-    memory = plan_memory(nullptr);
+  if (o.memory_plan && !deferred) {  // a deferred model's once ZeRO has initialised it, below
+    memory = plan_memory(nullptr, 0);
     note(memory->describe());
   }
   int64_t steps_run = 0;  ///< by this call; the measured peak is reported after kMemoryCheckSteps
   const RunPlan plan(o.epochs, steps_per_epoch_, o.max_steps);
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
+  const int64_t resident_before_sharding = resident_bytes();  // the communication's buffers made
   detail::StepAgreement agreement(ddp.mean_tail(), pg_);
   detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp, *model_, /*initialise_units=*/!resumed);
   if (resumed) {  // the optimizer's state last: under ZeRO each rank reads only its slices
-    restore_shards(*resumed, update.zero());
+    restore_shards(*resumed, update.zero(), deferred);
     resumed.reset();
   }
-  if (deferred_) {  // initialised, sharded: checked and planned now, through the units' gathering
-    check_model_fits_data();
+  if (deferred) {  // initialised, sharded: checked and planned now, through the units' gathering
+    check_sharded_model_fits_data();
     if (o.memory_plan) {
-      memory = plan_memory(&ddp);
+      memory = plan_memory(&ddp, resident_before_sharding);
       note(memory->describe());
     }
   }
