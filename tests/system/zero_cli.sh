@@ -80,25 +80,22 @@ done
 # ---- resume across stages and rank counts ------------------------------------------------------
 # Bitwise at the same stage and rank count: a run of 8 steps, its step-8 snapshot removed (as if
 # stopped after step 4's), resumed.
+resumes_bitwise() {  # resumes_bitwise NAME ARGS...: 8 steps at stage 3 on 2 ranks, and the same stopped after step 4 and resumed
+  local name=$1 d=$tmp/resume-$1
+  shift
+  run_np 2 "$mpiddp" "$@" --zero-stage 3 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$d/whole"
+  cp -r "$d/whole" "$d/part"
+  rm "$d/part/snapshot-step0000000008.h5"
+  run_np 2 "$mpiddp" "$@" --zero-stage 3 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$d/part" --resume auto
+  check "$name stage 3 np2: resumes at step 4" contains "Resuming training from snapshot at Epoch 1, step 4" "$out"
+  check "$name stage 3 np2 stopped at step 4 and resumed: bitwise the uninterrupted run" \
+    same_state "$d/whole/latest.h5" "$d/part/latest.h5"
+}
 # Stage 3: each rank writes its own slices of the sharded layers' parameters too.
-run_np 2 "$mpiddp" "${mlp[@]}" --zero-stage 3 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$tmp/whole"
-cp -r "$tmp/whole" "$tmp/part"
-rm "$tmp/part/snapshot-step0000000008.h5"
-run_np 2 "$mpiddp" "${mlp[@]}" --zero-stage 3 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$tmp/part" \
-  --resume auto
-check "stage 3 np2: resumes at step 4" contains "Resuming training from snapshot at Epoch 1, step 4" "$out"
-check "stage 3 np2 stopped at step 4 and resumed: bitwise the uninterrupted run" \
-  same_state "$tmp/whole/latest.h5" "$tmp/part/latest.h5"
+resumes_bitwise mlp "${mlp[@]}"
 # The GPT at stage 3 is built deferred (never whole on a rank): a resume reads each rank's slices
 # of its parameters into the shards, nothing whole.
-run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage 3 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$tmp/gwhole"
-cp -r "$tmp/gwhole" "$tmp/gpart"
-rm "$tmp/gpart/snapshot-step0000000008.h5"
-run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage 3 --max-steps 8 --save-every-steps 4 --keep 0 --snapshot-dir "$tmp/gpart" \
-  --resume auto
-check "gpt stage 3 np2: resumes at step 4" contains "Resuming training from snapshot at Epoch 1, step 4" "$out"
-check "gpt stage 3 np2 stopped at step 4 and resumed: bitwise the uninterrupted run" \
-  same_state "$tmp/gwhole/latest.h5" "$tmp/gpart/latest.h5"
+resumes_bitwise gpt "${gpt[@]}"
 # Another stage and rank count, the global batch kept (3 x 4 = 2 x 6 = 12): as the same moves
 # made at stage 0 (which differ from an uninterrupted run by the other rank count's sums).
 opts=(--epochs 10 --threads 1 --optimizer adamw --lr 0.01 --weight-decay 0.1 --clip-grad-norm 0.5 --save-every-steps 4
