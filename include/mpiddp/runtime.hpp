@@ -7,12 +7,18 @@
 
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace mpiddp {
+
+namespace detail {
+class StallMonitor;
+}
 
 /// Where one rank sits. Field names follow torchrun's variables in the comments.
 struct Topology {
@@ -144,8 +150,30 @@ bool all_ok(MPI_Comm comm, bool local_ok);
 
 /// Every rank's `local` values (the same count on every rank), in rank order. Collective.
 std::vector<int64_t> allgather_int64(MPI_Comm comm, const std::vector<int64_t>& local);
-/// Waits for a non-blocking MPI operation as the helpers above do: within the communication
-/// timeout (MPIDDP_COMM_TIMEOUT), else CollectiveTimeout naming `what`.
-void wait_within_timeout(MPI_Request& request, const char* what);
+
+/// One collective step of every rank of `comm`, made of non-blocking MPI operations (a collective,
+/// or the messages of a transfer through one rank); every rank makes the same steps in the same
+/// order. Each wait ends at the communication timeout (MPIDDP_COMM_TIMEOUT) with
+/// CollectiveTimeout. On a Runtime's world() a wait that grows long also logs, every
+/// MPIDDP_STALL_WARNING, which ranks are behind and where, and the timeout error names them, as
+/// for a process group's collectives. The helpers above are such steps.
+class CollectiveStep {
+ public:
+  CollectiveStep(MPI_Comm comm, std::string what);
+  ~CollectiveStep();
+  CollectiveStep(const CollectiveStep&) = delete;
+  CollectiveStep& operator=(const CollectiveStep&) = delete;
+
+  /// Waits for `request`, one of this step's operations.
+  void wait(MPI_Request& request);
+
+ private:
+  std::string describe() const;  ///< "agreement of all ranks #12"
+
+  std::string what_;
+  std::shared_ptr<detail::StallMonitor> monitor_;  ///< null: `comm` is not watched
+  uint64_t seq_ = 0;
+  int unwinding_ = 0;  ///< exceptions in flight at construction
+};
 
 }  // namespace mpiddp

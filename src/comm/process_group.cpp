@@ -114,6 +114,7 @@ std::atomic<bool> g_timed_out{false};
 PollingWork::PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout,
                          std::vector<torch::Tensor> keep, std::function<void()> finish)
     : call_(call),
+      site_{call_.seq, [this] { return call_.describe(); }},
       timeout_(timeout),
       start_(std::chrono::steady_clock::now()),
       keep_(std::move(keep)),
@@ -131,7 +132,7 @@ bool PollingWork::test() {
   }
   completed_ = true;
   keep_.clear();
-  if (call_.stall) call_.stall->on_done(call_);
+  if (call_.stall) call_.stall->on_done(site_);
   return true;
 }
 
@@ -139,7 +140,7 @@ void PollingWork::wait() {
   // The waiting policy is detail::wait_until's (runtime/wait.hpp); here the stall monitor hears of
   // the wait and the timeout ends it.
   detail::wait_until([this] { return test(); }, start_, [this](std::chrono::steady_clock::duration waited) {
-    if (call_.stall) call_.stall->on_wait(call_, waited);
+    if (call_.stall) call_.stall->on_wait(site_, waited);
     if (waited > timeout_) {
       on_timeout();
       std::ostringstream msg;
@@ -147,7 +148,7 @@ void PollingWork::wait() {
           << who_is_missing();
       g_timed_out = true;
       CollectiveTimeout error(msg.str(), __FILE__, __LINE__);
-      if (call_.stall) error.set_reporter(call_.stall->lowest_waiting(call_) == call_.stall->rank());
+      if (call_.stall) error.set_reporter(call_.stall->lowest_waiting(site_) == call_.stall->rank());
       failure_ = std::make_exception_ptr(error);
       std::rethrow_exception(failure_);
     }
@@ -156,7 +157,7 @@ void PollingWork::wait() {
 
 std::string PollingWork::who_is_missing() {
   // Peers time out at about the same moment; a few seconds let their notices arrive.
-  if (call_.stall) return call_.stall->behind_after(call_, std::chrono::seconds(3));
+  if (call_.stall) return call_.stall->behind_after(site_, std::chrono::seconds(3));
   return "the late ranks are not named (the stall monitor is off: MPIDDP_STALL_WARNING=off)";
 }
 

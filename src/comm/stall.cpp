@@ -19,19 +19,19 @@ constexpr int kStallTag = 0x57a1;
 StallMonitor::StallMonitor(MPI_Comm control, int rank, int size, std::chrono::milliseconds warning)
     : comm_(control), rank_(rank), size_(size), latest_(static_cast<size_t>(size)), warning_(warning) {}
 
-void StallMonitor::on_wait(const ProcessGroup::Call& call, std::chrono::steady_clock::duration waited) {
+void StallMonitor::on_wait(const WaitSite& site, std::chrono::steady_clock::duration waited) {
   if (warning_.count() <= 0) return;
-  if (warned_seq_ != call.seq) {
-    warned_seq_ = call.seq;
+  if (warned_seq_ != site.seq) {
+    warned_seq_ = site.seq;
     next_warning_ = warning_;
   }
   // Announce half a period early, so that by the warning the other waiting ranks' notices are in.
-  if (announced_ != call.seq && waited >= next_warning_ / 2) announce(call);
+  if (announced_ != site.seq && waited >= next_warning_ / 2) announce(site);
   if (waited < next_warning_) return;
   next_warning_ += warning_;
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(waited).count();
-  const std::string line = "mpiddp: warning: [rank " + std::to_string(rank_) + "] " + call.describe() +
-                           " has waited " + std::to_string(seconds) + " s: " + behind(call) + "\n";
+  const std::string line = "mpiddp: warning: [rank " + std::to_string(rank_) + "] " + site.describe() +
+                           " has waited " + std::to_string(seconds) + " s: " + behind(site) + "\n";
   std::cerr << line << std::flush;  // one write: lines of ranks sharing a stream stay whole
 }
 
@@ -88,14 +88,14 @@ void StallMonitor::send(const Notice& notice) {
   sent_.push_back(std::move(s));
 }
 
-void StallMonitor::announce(const ProcessGroup::Call& call) {
-  if (announced_ == call.seq) return;
-  announced_ = call.seq;
+void StallMonitor::announce(const WaitSite& site) {
+  if (announced_ == site.seq) return;
+  announced_ = site.seq;
   resolved_ = false;
   Notice n;
-  n.seq = call.seq;
+  n.seq = site.seq;
   n.waiting = 1;
-  const std::string what = call.describe();
+  const std::string what = site.describe();
   std::strncpy(n.what, what.c_str(), sizeof n.what - 1);
   latest_[static_cast<size_t>(rank_)] = n;
   send(n);
@@ -109,14 +109,14 @@ void StallMonitor::resolve() {
   drain();
 }
 
-std::string StallMonitor::behind(const ProcessGroup::Call& call) {
-  announce(call);
+std::string StallMonitor::behind(const WaitSite& site) {
+  announce(site);
   drain();
   std::vector<int> with_me, silent;
   std::map<std::string, std::vector<int>> elsewhere;  // "allreduce #7 (...)" -> ranks waiting in it
   for (int r = 0; r < size_; ++r) {
     const auto& n = latest_[static_cast<size_t>(r)];
-    if (n.waiting && n.seq == call.seq) {
+    if (n.waiting && n.seq == site.seq) {
       with_me.push_back(r);
     } else if (n.waiting) {
       elsewhere[n.what].push_back(r);
@@ -137,8 +137,8 @@ std::string StallMonitor::behind(const ProcessGroup::Call& call) {
   return s + "; " + rank_list(with_me) + (with_me.size() == 1 ? " waits" : " wait") + " in it";
 }
 
-std::string StallMonitor::behind_after(const ProcessGroup::Call& call, std::chrono::milliseconds grace) {
-  announce(call);
+std::string StallMonitor::behind_after(const WaitSite& site, std::chrono::milliseconds grace) {
+  announce(site);
   const auto until = std::chrono::steady_clock::now() + grace;
   for (;;) {
     drain();
@@ -147,11 +147,11 @@ std::string StallMonitor::behind_after(const ProcessGroup::Call& call, std::chro
     if (all || std::chrono::steady_clock::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return behind(call);
+  return behind(site);
 }
 
-int StallMonitor::lowest_waiting(const ProcessGroup::Call& call) {
-  announce(call);
+int StallMonitor::lowest_waiting(const WaitSite& site) {
+  announce(site);
   drain();
   for (int r = 0; r < size_; ++r) {
     if (latest_[static_cast<size_t>(r)].waiting) return r;

@@ -1,4 +1,6 @@
-// Internal: names the ranks a stalled collective waits for, in normal runs (no check mode).
+// Internal: names the ranks a stalled collective waits for, in normal runs (no check mode): the
+// process groups' collectives and the Runtime's helpers on its world communicator (runtime.hpp's
+// CollectiveStep), each over a monitor of its own.
 //
 // A rank whose wait in a collective has lasted MPIDDP_STALL_WARNING seconds announces it to every
 // peer on the group's control communicator: a small notice {sequence number, description}, sent
@@ -9,17 +11,24 @@
 // makes. Not thread-safe: a group's collectives are waited on from one thread.
 #pragma once
 
-#include <mpiddp/process_group.hpp>
-
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace mpiddp::detail {
+
+/// A wait as the monitor knows it: the collective's sequence number among those of the monitor's
+/// ranks (every rank numbers them alike) and how to describe it.
+struct WaitSite {
+  uint64_t seq = 0;
+  std::function<std::string()> describe;  ///< "allreduce #7 (float32[1031], sum)"
+};
 
 class StallMonitor {
  public:
@@ -31,22 +40,22 @@ class StallMonitor {
   StallMonitor& operator=(const StallMonitor&) = delete;
 
   int rank() const { return rank_; }
-  /// Announces (once per collective) that this rank waits in `call`, reads the notices that have
+  /// Announces (once per collective) that this rank waits in `site`, reads the notices that have
   /// come in, and says who is behind: "rank 2 has not reached it (ranks 0,1 wait in it)".
-  std::string behind(const ProcessGroup::Call& call);
-  /// behind(), after giving peers up to `grace` to announce their own wait in `call` (used at the
+  std::string behind(const WaitSite& site);
+  /// behind(), after giving peers up to `grace` to announce their own wait in `site` (used at the
   /// timeout, when the warning may not have gone out yet).
-  std::string behind_after(const ProcessGroup::Call& call, std::chrono::milliseconds grace);
-  /// Called by a wait in `call` that has lasted `waited`: every `warning` of it, logs on stderr
-  /// "mpiddp: warning: [rank R] <call> has waited N s: <behind()>".
-  void on_wait(const ProcessGroup::Call& call, std::chrono::steady_clock::duration waited);
-  /// Called when `call` completes: if this rank announced a wait in it, says it has moved on.
-  void on_done(const ProcessGroup::Call& call) {
-    if (announced_ == call.seq && !resolved_) resolve();
+  std::string behind_after(const WaitSite& site, std::chrono::milliseconds grace);
+  /// Called by a wait in `site` that has lasted `waited`: every `warning` of it, logs on stderr
+  /// "mpiddp: warning: [rank R] <site> has waited N s: <behind()>".
+  void on_wait(const WaitSite& site, std::chrono::steady_clock::duration waited);
+  /// Called when `site` completes: if this rank announced a wait in it, says it has moved on.
+  void on_done(const WaitSite& site) {
+    if (announced_ == site.seq && !resolved_) resolve();
   }
   /// The lowest rank known to wait in any collective (this rank included): the one that reports
   /// a timeout.
-  int lowest_waiting(const ProcessGroup::Call& call);
+  int lowest_waiting(const WaitSite& site);
 
  private:
   struct Notice {
@@ -54,7 +63,7 @@ class StallMonitor {
     int32_t waiting = 0;   ///< 1: waits in `seq`; 0: its wait there has ended
     char what[116] = {};
   };
-  void announce(const ProcessGroup::Call& call);
+  void announce(const WaitSite& site);
   void send(const Notice& notice);
   void drain();
 

@@ -3,6 +3,8 @@
 
 #include <mpiddp/process_group.hpp>
 
+#include "comm/stall.hpp"
+
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -40,6 +42,7 @@ class PollingWork : public Work {
 
  private:
   ProcessGroup::Call call_;
+  WaitSite site_;  ///< call_ as its stall monitor knows it
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point start_;
   std::vector<torch::Tensor> keep_;

@@ -12,15 +12,24 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <numeric>
 
 #include "common/check.hpp"
 #include "common/host.hpp"
 #include "common/check_cuda.hpp"
+#include "comm/stall.hpp"
 #include "runtime/wait.hpp"
 
 namespace mpiddp {
+
+namespace detail {
+// Registers `comm` for CollectiveStep's stall monitoring (collective: duplicates it), and ends it.
+void watch_steps(MPI_Comm comm);
+void unwatch_steps(MPI_Comm comm);
+}  // namespace detail
 
 Topology topology_from_node_keys(int rank, const std::vector<long>& node_keys) {
   const int size = static_cast<int>(node_keys.size());
@@ -166,6 +175,7 @@ Runtime::Runtime(int* argc, char*** argv, const RuntimeOptions& options)
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPIDDP_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
+  detail::watch_steps(world_);
   topo_ = derive_topology(world_, std::nullopt, &node_);
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN));
   set_current_rank(topo_.rank);
@@ -203,7 +213,10 @@ void Runtime::close() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   if (node_ != MPI_COMM_NULL) MPIDDP_CHECK_MPI(MPI_Comm_free(&node_));
-  if (world_ != MPI_COMM_NULL) MPIDDP_CHECK_MPI(MPI_Comm_free(&world_));
+  if (world_ != MPI_COMM_NULL) {
+    detail::unwatch_steps(world_);
+    MPIDDP_CHECK_MPI(MPI_Comm_free(&world_));
+  }
   if (owns_mpi_) MPIDDP_CHECK_MPI(MPI_Finalize());
 }
 
@@ -237,25 +250,6 @@ std::vector<std::string> split_pieces(const std::string& all, const std::vector<
   return out;
 }
 
-// Completes a non-blocking collective of the helpers below within the communication timeout
-// (MPIDDP_COMM_TIMEOUT), so a rank that never arrives (stopped, hung, dead) ends the wait with
-// CollectiveTimeout instead of hanging the job; waits as every wait does (wait.hpp).
-void complete(MPI_Request& request, const char* what) {
-  static const auto timeout = CommOptions::from_environment().timeout;
-  const auto done = [&request] {
-    int flag = 0;
-    MPIDDP_CHECK_MPI(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
-    return flag != 0;
-  };
-  detail::wait_until(done, std::chrono::steady_clock::now(), [&](std::chrono::steady_clock::duration waited) {
-    if (waited <= timeout) return;
-    throw CollectiveTimeout(std::string(what) + " did not complete within " +
-                                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
-                                " s (MPIDDP_COMM_TIMEOUT): a rank has stopped, hung or died",
-                            __FILE__, __LINE__);
-  });
-}
-
 int checked_length(const std::string& s) {
   MPIDDP_CHECK(s.size() <= static_cast<size_t>(INT_MAX), "string too long to gather");
   return static_cast<int>(s.size());
@@ -270,14 +264,15 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& local,
   int len = checked_length(local);
   std::vector<int> lens(rank == root ? static_cast<size_t>(size) : 0);
   MPI_Request rq;
+  CollectiveStep step(comm, "gather of per-rank text");
   MPIDDP_CHECK_MPI(MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm, &rq));
-  complete(rq, "gather of per-rank text");
+  step.wait(rq);
   int total = 0;
   std::vector<int> displs = displacements(lens, &total);
   std::string all(static_cast<size_t>(total), '\0');
   MPIDDP_CHECK_MPI(MPI_Igatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
                                 root, comm, &rq));
-  complete(rq, "gather of per-rank text");
+  step.wait(rq);
   return split_pieces(all, lens, displs);
 }
 
@@ -287,28 +282,30 @@ std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& loc
   int len = checked_length(local);
   std::vector<int> lens(static_cast<size_t>(size));
   MPI_Request rq;
+  CollectiveStep step(comm, "all-gather of per-rank text");
   MPIDDP_CHECK_MPI(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &rq));
-  complete(rq, "all-gather of per-rank text");
+  step.wait(rq);
   int total = 0;
   std::vector<int> displs = displacements(lens, &total);
   std::string all(static_cast<size_t>(total), '\0');
   MPIDDP_CHECK_MPI(
       MPI_Iallgatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm, &rq));
-  complete(rq, "all-gather of per-rank text");
+  step.wait(rq);
   return split_pieces(all, lens, displs);
 }
 
 void broadcast_bytes(MPI_Comm comm, std::vector<char>& bytes, int root) {
   auto size = static_cast<int64_t>(bytes.size());
+  CollectiveStep step(comm, "broadcast of bytes");
   MPI_Request rq;
   MPIDDP_CHECK_MPI(MPI_Ibcast(&size, 1, MPI_INT64_T, root, comm, &rq));
-  complete(rq, "broadcast of a byte count");
+  step.wait(rq);
   bytes.resize(static_cast<size_t>(size));
   constexpr int64_t kPiece = int64_t{1} << 30;  // MPI counts are int
   for (int64_t at = 0; at < size; at += kPiece) {
     const int n = static_cast<int>(std::min(kPiece, size - at));
     MPIDDP_CHECK_MPI(MPI_Ibcast(bytes.data() + at, n, MPI_BYTE, root, comm, &rq));
-    complete(rq, "broadcast of bytes");
+    step.wait(rq);
   }
 }
 
@@ -324,20 +321,110 @@ std::vector<int64_t> allgather_int64(MPI_Comm comm, const std::vector<int64_t>& 
   MPIDDP_CHECK(local.size() <= static_cast<size_t>(INT_MAX), "too many values to gather");
   std::vector<int64_t> all(local.size() * static_cast<size_t>(size));
   const int n = static_cast<int>(local.size());
+  CollectiveStep step(comm, "all-gather of per-rank values");
   MPI_Request rq;
   MPIDDP_CHECK_MPI(MPI_Iallgather(local.data(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm, &rq));
-  complete(rq, "all-gather of per-rank values");
+  step.wait(rq);
   return all;
 }
 
-void wait_within_timeout(MPI_Request& request, const char* what) { complete(request, what); }
-
 bool all_ok(MPI_Comm comm, bool local_ok) {
   int ok = local_ok ? 1 : 0;
+  CollectiveStep step(comm, "agreement of all ranks");
   MPI_Request rq;
   MPIDDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm, &rq));
-  complete(rq, "agreement of all ranks");
+  step.wait(rq);
   return ok == 1;
+}
+
+// ---- collective steps ----------------------------------------------------------------------
+
+namespace {
+
+// The communicators whose steps a stall monitor watches (a Runtime's world, from its construction
+// to close()), each with its own control communicator and its steps' count.
+struct WatchedComm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm control = MPI_COMM_NULL;
+  std::shared_ptr<detail::StallMonitor> monitor;  ///< null: one rank, or MPIDDP_STALL_WARNING=off
+  uint64_t steps = 0;
+};
+std::mutex g_watched_mutex;
+std::vector<WatchedComm> g_watched;
+
+}  // namespace
+
+namespace detail {
+
+void watch_steps(MPI_Comm comm) {
+  WatchedComm w;
+  w.comm = comm;
+  MPIDDP_CHECK_MPI(MPI_Comm_dup(comm, &w.control));  // every rank, whatever its options say
+  MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(w.control, MPI_ERRORS_RETURN));
+  int rank = 0, size = 1;
+  MPIDDP_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  MPIDDP_CHECK_MPI(MPI_Comm_size(comm, &size));
+  const auto options = CommOptions::from_environment();
+  if (size > 1 && options.stall_monitor) {
+    w.monitor = std::make_shared<StallMonitor>(w.control, rank, size, options.stall_warning);
+  }
+  std::lock_guard<std::mutex> lock(g_watched_mutex);
+  g_watched.push_back(std::move(w));
+}
+
+void unwatch_steps(MPI_Comm comm) {
+  std::lock_guard<std::mutex> lock(g_watched_mutex);
+  for (auto it = g_watched.begin(); it != g_watched.end(); ++it) {
+    if (it->comm != comm) continue;
+    it->monitor.reset();  // before its communicator goes
+    MPI_Comm_free(&it->control);
+    g_watched.erase(it);
+    return;
+  }
+}
+
+}  // namespace detail
+
+CollectiveStep::CollectiveStep(MPI_Comm comm, std::string what)
+    : what_(std::move(what)), unwinding_(std::uncaught_exceptions()) {
+  std::lock_guard<std::mutex> lock(g_watched_mutex);
+  for (auto& w : g_watched) {
+    if (w.comm != comm) continue;
+    monitor_ = w.monitor;
+    seq_ = ++w.steps;
+  }
+}
+
+CollectiveStep::~CollectiveStep() {
+  // Peers learn that this rank's wait is over; not while an error (a timeout) unwinds, when the
+  // rank still stands where it waited.
+  if (monitor_ && std::uncaught_exceptions() == unwinding_) monitor_->on_done({seq_, nullptr});
+}
+
+std::string CollectiveStep::describe() const { return what_ + (seq_ ? " #" + std::to_string(seq_) : ""); }
+
+void CollectiveStep::wait(MPI_Request& request) {
+  static const auto timeout = CommOptions::from_environment().timeout;
+  const detail::WaitSite site{seq_, [this] { return describe(); }};
+  const auto done = [&request] {
+    int flag = 0;
+    MPIDDP_CHECK_MPI(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+    return flag != 0;
+  };
+  // The waiting policy is every wait's (wait.hpp); the monitor hears of long waits.
+  detail::wait_until(done, std::chrono::steady_clock::now(), [&](std::chrono::steady_clock::duration waited) {
+    if (monitor_) monitor_->on_wait(site, waited);
+    if (waited <= timeout) return;
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout).count();
+    // Peers time out at about the same moment; a few seconds let their notices arrive.
+    const std::string who = monitor_ ? monitor_->behind_after(site, std::chrono::seconds(3))
+                                     : "a rank has stopped, hung or died";
+    CollectiveTimeout error(describe() + " did not complete within " + std::to_string(seconds) +
+                                " s (MPIDDP_COMM_TIMEOUT): " + who,
+                            __FILE__, __LINE__);
+    if (monitor_) error.set_reporter(monitor_->lowest_waiting(site) == monitor_->rank());
+    throw error;
+  });
 }
 
 }  // namespace mpiddp

@@ -72,22 +72,22 @@ torch::Tensor host_bytes(const torch::Tensor& t) {
   return t.defined() ? t.detach().to(torch::kCPU).contiguous() : torch::Tensor();
 }
 
-// Sends or receives `bytes` bytes at `data` in pieces MPI's int counts can carry, each within the
-// communication timeout.
-void send_bytes(const void* data, int64_t bytes, int to, MPI_Comm comm) {
+// Sends or receives `bytes` bytes at `data` in pieces MPI's int counts can carry, each piece a
+// wait of `step` (within the communication timeout).
+void send_bytes(const void* data, int64_t bytes, int to, MPI_Comm comm, CollectiveStep& step) {
   for (int64_t off = 0; off < bytes; off += kPieceBytes) {
     MPI_Request rq;
     MPIDDP_CHECK_MPI(MPI_Isend(static_cast<const char*>(data) + off, static_cast<int>(std::min(kPieceBytes, bytes - off)),
                                MPI_BYTE, to, 0, comm, &rq));
-    wait_within_timeout(rq, "snapshot bytes sent to rank 0");
+    step.wait(rq);
   }
 }
-void receive_bytes(void* data, int64_t bytes, int from, MPI_Comm comm) {
+void receive_bytes(void* data, int64_t bytes, int from, MPI_Comm comm, CollectiveStep& step) {
   for (int64_t off = 0; off < bytes; off += kPieceBytes) {
     MPI_Request rq;
     MPIDDP_CHECK_MPI(MPI_Irecv(static_cast<char*>(data) + off, static_cast<int>(std::min(kPieceBytes, bytes - off)),
                                MPI_BYTE, from, 0, comm, &rq));
-    wait_within_timeout(rq, "snapshot bytes from another rank");
+    step.wait(rq);
   }
 }
 
@@ -387,6 +387,7 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
       MPIDDP_CHECK_HDF5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));  // every byte is written once
       dxpl = transfer(io, true);
     });
+    CollectiveStep through_rank_zero(comm, "snapshot write (parts sent to rank 0)");  // waits unless kParallel
     for (size_t k = 0; k < tensors.size(); ++k) {
       const auto& t = tensors[k];
       const auto& dt = dtype_of(t.dtype);
@@ -408,7 +409,7 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
         continue;
       }
       if (rank != 0) {
-        if (count) send_bytes(host.data_ptr(), host.nbytes(), 0, comm);
+        if (count) send_bytes(host.data_ptr(), host.nbytes(), 0, comm, through_rank_zero);
         continue;
       }
       for (int r = 0; r < n; ++r) {
@@ -417,7 +418,7 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
         torch::Tensor bytes = host;
         if (r != 0) {
           bytes = torch::empty({numel}, torch::TensorOptions().dtype(t.dtype));
-          receive_bytes(bytes.data_ptr(), bytes.nbytes(), r, comm);
+          receive_bytes(bytes.data_ptr(), bytes.nbytes(), r, comm, through_rank_zero);
         }
         f.run([&] { write_range(dataset.get(), dt, t.shape, first, numel, bytes.data_ptr(), dxpl.get()); });
       }
@@ -661,8 +662,9 @@ void SnapshotReader::read_through_rank_zero(const std::string& name, const Datas
                                             int64_t count, torch::Tensor& out) {
   const int rank = rank_of(comm_), n = size_of(comm_);
   const auto all = allgather_int64(comm_, {first, count});
+  CollectiveStep step(comm_, "snapshot read of " + name + " (parts sent by rank 0)");
   if (rank != 0) {
-    if (count) receive_bytes(out.data_ptr(), out.nbytes(), 0, comm_);
+    if (count) receive_bytes(out.data_ptr(), out.nbytes(), 0, comm_, step);
     return;
   }
   std::string error;
@@ -676,7 +678,7 @@ void SnapshotReader::read_through_rank_zero(const std::string& name, const Datas
     } catch (const Error& e) {
       if (error.empty()) error = e.message();
     }
-    if (r != 0) send_bytes(buffer.data_ptr(), buffer.nbytes(), r, comm_);
+    if (r != 0) send_bytes(buffer.data_ptr(), buffer.nbytes(), r, comm_, step);
   }
   MPIDDP_CHECK(error.empty(), error);
 }
@@ -709,10 +711,11 @@ torch::Tensor SnapshotReader::read_whole(const std::string& name) {
   }
   auto share = whole.view(-1).narrow(0, numel * rank / n, counts[rank] / elem);
   read(name, numel * rank / n, share);
+  CollectiveStep step(comm_, "all-gather of snapshot tensor " + name);
   MPI_Request rq;
   MPIDDP_CHECK_MPI(
       MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, whole.data_ptr(), counts.data(), offsets.data(), MPI_BYTE, comm_, &rq));
-  wait_within_timeout(rq, "all-gather of a snapshot tensor");
+  step.wait(rq);
   return whole;
 }
 

@@ -1,6 +1,9 @@
 // Probe for the timeout path (driven by tests/system/comm_timeout.sh): the ranks listed in
 // --late never enter the collective; the others must time out, name the late ranks, and end the
-// job. usage: comm_timeout_probe --backend B --late 0,2 --timeout-ms 1000 --check 0|1
+// job. The collective is a process group's allreduce, or with --in step the Runtime's agreement
+// helper (all_ok, a CollectiveStep on its world; its timeout and warnings come from the
+// environment, MPIDDP_COMM_TIMEOUT and MPIDDP_STALL_WARNING).
+// usage: comm_timeout_probe --backend B --late 0,2 --timeout-ms 1000 --check 0|1 [--in allreduce|step]
 #include <mpiddp/process_group.hpp>
 
 #include <torch/torch.h>
@@ -15,6 +18,7 @@
 int main(int argc, char** argv) {
   mpiddp::Runtime rt(&argc, &argv);
   std::string backend = "mpi";
+  std::string in = "allreduce";
   std::set<int> late;
   mpiddp::CommOptions opts;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -22,6 +26,7 @@ int main(int argc, char** argv) {
     if (key == "--backend") backend = value;
     if (key == "--timeout-ms") opts.timeout = std::chrono::milliseconds(std::stol(value));
     if (key == "--check") opts.check_collectives = value == "1";
+    if (key == "--in") in = value;
     if (key == "--late") {
       std::stringstream ss(value);
       for (std::string r; std::getline(ss, r, ',');) late.insert(std::stoi(r));
@@ -35,11 +40,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    pg->allreduce(t);  // #2: the late ranks never come
+    if (in == "step") {
+      mpiddp::all_ok(rt.world(), true);  // the late ranks never come
+    } else {
+      pg->allreduce(t);  // #2: the late ranks never come
+    }
   } catch (const mpiddp::CollectiveTimeout& e) {
-    std::cerr << "mpiddp: error: " << e.what() << std::endl;
+    // As `mpiddp` does: the reporting rank writes the error, the others give it time to.
+    if (e.reporter()) {
+      std::cerr << "mpiddp: error: " << e.what() << std::endl;
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
     rt.abort(3);
   }
-  std::cerr << "rank " << rt.rank() << ": allreduce #2 completed although ranks were late" << std::endl;
+  std::cerr << "rank " << rt.rank() << ": the " << in << " completed although ranks were late" << std::endl;
   return 1;
 }

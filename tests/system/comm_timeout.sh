@@ -28,6 +28,19 @@ check "without check mode: job ends non-zero" failed_cleanly
 check "without check mode: the stall monitor names the late rank" \
   contains "allreduce #2 (float32\[8\], sum) did not complete within 1 s: stalled: rank 1 (not waiting in any collective" "$err"
 
+# The Runtime's own collectives (snapshots' agreements and transfers, gathers of text) are watched
+# too: every waiting rank warns, naming the late rank, and the timeout names it.
+t0=$(date +%s)
+MPIDDP_COMM_TIMEOUT=3 MPIDDP_STALL_WARNING=1 run_np 3 "$probe" --backend mpi --late 1 --in step
+check "a Runtime step: job ends non-zero" failed_cleanly
+check "a Runtime step: ended within 30 s" [ "$(elapsed)" -lt 30 ]
+for r in 0 2; do
+  check "a Runtime step: rank $r warned, naming the late rank and its own wait" \
+    contains "^mpiddp: warning: \[rank $r\] agreement of all ranks #[0-9]* has waited 1 s: stalled: rank 1 (.*); ranks 0,2 wait in it" "$err"
+done
+check "a Runtime step: one error line, naming the step, the timeout and the late rank" \
+  bash -c '[ "$(grep -c "^mpiddp: error:" <<<"$1")" -eq 1 ] && grep -q "^mpiddp: error: .*agreement of all ranks #[0-9]* did not complete within 3 s (MPIDDP_COMM_TIMEOUT): stalled: rank 1 (not waiting" <<<"$1"' _ "$err"
+
 if [[ " ${MPIDDP_BACKENDS:-} " == *" gloo "* ]]; then
   run_np 2 "$probe" --backend gloo --late 1 --timeout-ms 1000 --check 1
   check "gloo: job ends non-zero" failed_cleanly

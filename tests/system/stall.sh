@@ -3,9 +3,8 @@
 # ranks (a hung node or a stuck file system looks like this). Every waiting rank must log, after
 # MPIDDP_STALL_WARNING seconds, which rank is stalled and in which collective it waits; at
 # MPIDDP_COMM_TIMEOUT the job must end with one error line naming the stalled rank, non-zero,
-# within the timeout + 30 s of the stop. Also: a stopped rank during the per-epoch text gather
-# (a blocking helper before) ends the same way, and MPIDDP_STALL_WARNING=0 silences the warnings
-# but not the naming.
+# within the timeout + 30 s of the stop. MPIDDP_STALL_WARNING=0 silences the warnings but not the
+# naming. (A rank late for the runtime's own collectives: comm_timeout.sh.)
 # usage: stall.sh path/to/mpiddp
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1
