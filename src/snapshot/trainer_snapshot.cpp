@@ -16,6 +16,7 @@
 
 #include "common/host.hpp"
 #include "common/text.hpp"
+#include "train/agreed.hpp"
 #include "train/run_position.hpp"
 #include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_codec.hpp"
@@ -161,16 +162,10 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
   // Each rank continues its own random stream; ranks the snapshot did not have take rank 0's.
   const int saved_world = static_cast<int>(s.ints.at("world_size"));
   const int source = runtime_.rank() < saved_world ? runtime_.rank() : 0;
-  try {
+  detail::as_agreed([&] {  // its checks read the catalog every rank holds: the same verdict
     detail::model_from_reader(*model_, *reader);
     detail::rng_from_reader(*reader, saved_world, source, o.device);
-  } catch (const AgreedError&) {
-    throw;
-  } catch (const CollectiveTimeout&) {
-    throw;
-  } catch (const Error& e) {
-    MPIDDP_THROW_AGREED(e.message());  // its checks read the catalog every rank holds: the same verdict
-  }
+  });
 
   // Each rank continues its own random stream; ranks the snapshot did not have take rank 0's.
   p = detail::position_from_snapshot(s);
@@ -200,16 +195,10 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
 }
 
 void Trainer::restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero, bool deferred) {
-  try {
+  detail::as_agreed([&] {  // its checks read the catalog every rank holds: the same verdict
     if (deferred) detail::model_slices_from_reader(model_->named_parameters(), *zero, reader);
     detail::optimizer_from_reader(*optimizer_, model_->named_parameters(), zero, reader, options_.device);
-  } catch (const AgreedError&) {
-    throw;
-  } catch (const CollectiveTimeout&) {
-    throw;
-  } catch (const Error& e) {
-    MPIDDP_THROW_AGREED(e.message());  // its checks read the catalog every rank holds: the same verdict
-  }
+  });
 }
 
 }  // namespace mpiddp

@@ -27,6 +27,7 @@
 
 #include "common/host.hpp"
 #include "common/text.hpp"
+#include "train/agreed.hpp"
 #include "train/batch_source.hpp"
 #include "train/memory_plan.hpp"
 #include "log/progress_log.hpp"
@@ -276,15 +277,7 @@ MemoryPlan Trainer::plan_memory() {
 
 // After sharding every rank runs the same check on the same samples: its verdict is every rank's.
 void Trainer::check_sharded_model_fits_data() {
-  try {
-    check_model_fits_data();
-  } catch (const AgreedError&) {
-    throw;
-  } catch (const CollectiveTimeout&) {
-    throw;
-  } catch (const Error& e) {
-    MPIDDP_THROW_AGREED(e.message());
-  }
+  detail::as_agreed([&] { check_model_fits_data(); });
 }
 
 DdpOptions Trainer::ddp_options() const {
