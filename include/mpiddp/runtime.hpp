@@ -156,11 +156,11 @@ std::vector<int64_t> allgather_int64(MPI_Comm comm, const std::vector<int64_t>& 
 /// order. Each wait ends at the communication timeout (MPIDDP_COMM_TIMEOUT) with
 /// CollectiveTimeout. On a Runtime's world() a wait that grows long also logs, every
 /// MPIDDP_STALL_WARNING, which ranks are behind and where, and the timeout error names them, as
-/// for a process group's collectives. The helpers above are such steps.
+/// for a process group's collectives. The helpers above are such steps. Main thread only (steps
+/// are numbered in the order they are made).
 class CollectiveStep {
  public:
   CollectiveStep(MPI_Comm comm, std::string what);
-  ~CollectiveStep();
   CollectiveStep(const CollectiveStep&) = delete;
   CollectiveStep& operator=(const CollectiveStep&) = delete;
 
@@ -173,7 +173,6 @@ class CollectiveStep {
   std::string what_;
   std::shared_ptr<detail::StallMonitor> monitor_;  ///< null: `comm` is not watched
   uint64_t seq_ = 0;
-  int unwinding_ = 0;  ///< exceptions in flight at construction
 };
 
 }  // namespace mpiddp

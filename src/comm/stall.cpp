@@ -26,7 +26,7 @@ void StallMonitor::on_wait(const WaitSite& site, std::chrono::steady_clock::dura
     next_warning_ = warning_;
   }
   // Announce half a period early, so that by the warning the other waiting ranks' notices are in.
-  if (announced_ != site.seq && waited >= next_warning_ / 2) announce(site);
+  if ((announced_ != site.seq || resolved_) && waited >= next_warning_ / 2) announce(site);
   if (waited < next_warning_) return;
   next_warning_ += warning_;
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(waited).count();
@@ -89,7 +89,7 @@ void StallMonitor::send(const Notice& notice) {
 }
 
 void StallMonitor::announce(const WaitSite& site) {
-  if (announced_ == site.seq) return;
+  if (announced_ == site.seq && !resolved_) return;
   announced_ = site.seq;
   resolved_ = false;
   Notice n;
@@ -103,6 +103,7 @@ void StallMonitor::announce(const WaitSite& site) {
 
 void StallMonitor::resolve() {
   resolved_ = true;
+  warned_seq_ = 0;  // a next wait in the same collective (a step's next message) warns afresh
   auto& mine = latest_[static_cast<size_t>(rank_)];
   mine.waiting = 0;
   send(mine);

@@ -1,6 +1,6 @@
-// Internal: names the ranks a stalled collective waits for, in normal runs (no check mode): the
-// process groups' collectives and the Runtime's helpers on its world communicator (runtime.hpp's
-// CollectiveStep), each over a monitor of its own.
+// Internal: names the ranks a stalled collective waits for: the process groups' collectives (in
+// normal runs; check mode names late ranks itself) and the Runtime's own on its world
+// communicator (runtime.hpp's CollectiveStep), each over a monitor of its own.
 //
 // A rank whose wait in a collective has lasted MPIDDP_STALL_WARNING seconds announces it to every
 // peer on the group's control communicator: a small notice {sequence number, description}, sent
@@ -49,7 +49,8 @@ class StallMonitor {
   /// Called by a wait in `site` that has lasted `waited`: every `warning` of it, logs on stderr
   /// "mpiddp: warning: [rank R] <site> has waited N s: <behind()>".
   void on_wait(const WaitSite& site, std::chrono::steady_clock::duration waited);
-  /// Called when `site` completes: if this rank announced a wait in it, says it has moved on.
+  /// Called when a wait in `site` completes: if this rank announced it, says it has moved on (a
+  /// later wait in the same collective announces and warns afresh).
   void on_done(const WaitSite& site) {
     if (announced_ == site.seq && !resolved_) resolve();
   }

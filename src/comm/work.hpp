@@ -24,6 +24,8 @@ class PollingWork : public Work {
   /// the library reads or writes) lives until completion; `finish` runs once on completion.
   PollingWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, std::vector<torch::Tensor> keep = {},
               std::function<void()> finish = nullptr);
+  PollingWork(const PollingWork&) = delete;  // site_ describes through `this`
+  PollingWork& operator=(const PollingWork&) = delete;
   bool test() final;
   void wait() final;
 

@@ -1,6 +1,7 @@
 #include <mpiddp/data.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/runtime.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <hdf5.h>
@@ -160,9 +161,7 @@ bool H5Dataset::open_parallel(MPI_Comm comm) {
   } catch (const Error& e) {
     error = e.message();
   }
-  int ok = error.empty() ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
-  if (ok != 1) {  // every rank knows: all stop alike
+  if (!all_ok(comm, error.empty())) {  // every rank knows: all stop alike
     MPIDDP_THROW_AGREED(error.empty() ? "another rank could not reopen '" + info_.path + "' through MPI-IO" : error);
   }
   return true;

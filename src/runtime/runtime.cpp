@@ -12,7 +12,6 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
-#include <exception>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -349,8 +348,15 @@ struct WatchedComm {
   std::shared_ptr<detail::StallMonitor> monitor;  ///< null: one rank, or MPIDDP_STALL_WARNING=off
   uint64_t steps = 0;
 };
-std::mutex g_watched_mutex;
-std::vector<WatchedComm> g_watched;
+// Never destroyed: a Runtime may outlive static destruction.
+std::mutex& watched_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::vector<WatchedComm>& watched() {
+  static auto* w = new std::vector<WatchedComm>;
+  return *w;
+}
 
 }  // namespace
 
@@ -368,40 +374,39 @@ void watch_steps(MPI_Comm comm) {
   if (size > 1 && options.stall_monitor) {
     w.monitor = std::make_shared<StallMonitor>(w.control, rank, size, options.stall_warning);
   }
-  std::lock_guard<std::mutex> lock(g_watched_mutex);
-  g_watched.push_back(std::move(w));
+  std::lock_guard<std::mutex> lock(watched_mutex());
+  watched().push_back(std::move(w));
 }
 
 void unwatch_steps(MPI_Comm comm) {
-  std::lock_guard<std::mutex> lock(g_watched_mutex);
-  for (auto it = g_watched.begin(); it != g_watched.end(); ++it) {
+  std::lock_guard<std::mutex> lock(watched_mutex());
+  for (auto it = watched().begin(); it != watched().end(); ++it) {
     if (it->comm != comm) continue;
     it->monitor.reset();  // before its communicator goes
     MPI_Comm_free(&it->control);
-    g_watched.erase(it);
+    watched().erase(it);
     return;
   }
 }
 
 }  // namespace detail
 
-CollectiveStep::CollectiveStep(MPI_Comm comm, std::string what)
-    : what_(std::move(what)), unwinding_(std::uncaught_exceptions()) {
-  std::lock_guard<std::mutex> lock(g_watched_mutex);
-  for (auto& w : g_watched) {
+CollectiveStep::CollectiveStep(MPI_Comm comm, std::string what) : what_(std::move(what)) {
+  std::lock_guard<std::mutex> lock(watched_mutex());
+  for (auto& w : watched()) {
     if (w.comm != comm) continue;
     monitor_ = w.monitor;
     seq_ = ++w.steps;
   }
 }
 
-CollectiveStep::~CollectiveStep() {
-  // Peers learn that this rank's wait is over; not while an error (a timeout) unwinds, when the
-  // rank still stands where it waited.
-  if (monitor_ && std::uncaught_exceptions() == unwinding_) monitor_->on_done({seq_, nullptr});
+// "<what> #<seq>", the number kept within a stall notice's 115 characters.
+std::string CollectiveStep::describe() const {
+  if (!seq_) return what_;
+  const std::string number = " #" + std::to_string(seq_);
+  constexpr size_t kRoom = 115;
+  return (what_.size() + number.size() <= kRoom ? what_ : what_.substr(0, kRoom - number.size() - 3) + "...") + number;
 }
-
-std::string CollectiveStep::describe() const { return what_ + (seq_ ? " #" + std::to_string(seq_) : ""); }
 
 void CollectiveStep::wait(MPI_Request& request) {
   static const auto timeout = CommOptions::from_environment().timeout;
@@ -423,8 +428,10 @@ void CollectiveStep::wait(MPI_Request& request) {
                                 " s (MPIDDP_COMM_TIMEOUT): " + who,
                             __FILE__, __LINE__);
     if (monitor_) error.set_reporter(monitor_->lowest_waiting(site) == monitor_->rank());
-    throw error;
+    throw error;  // still announced as waiting here: the rank stands where it waited
   });
+  // Peers learn that this wait is over: between a step's waits this rank works (writes a part).
+  if (monitor_) monitor_->on_done(site);
 }
 
 }  // namespace mpiddp
