@@ -148,7 +148,7 @@ void PollingWork::wait() {
           << who_is_missing();
       g_timed_out = true;
       CollectiveTimeout error(msg.str(), __FILE__, __LINE__);
-      if (call_.stall) error.set_reporter(call_.stall->lowest_waiting(site_) == call_.stall->rank());
+      if (call_.stall) error.set_reporter(call_.stall->reports_timeout(site_));
       failure_ = std::make_exception_ptr(error);
       std::rethrow_exception(failure_);
     }
@@ -156,8 +156,7 @@ void PollingWork::wait() {
 }
 
 std::string PollingWork::who_is_missing() {
-  // Peers time out at about the same moment; a few seconds let their notices arrive.
-  if (call_.stall) return call_.stall->behind_after(site_, std::chrono::seconds(3));
+  if (call_.stall) return call_.stall->behind_at_timeout(site_);
   return "the late ranks are not named (the stall monitor is off: MPIDDP_STALL_WARNING=off)";
 }
 

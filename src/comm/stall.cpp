@@ -26,7 +26,7 @@ void StallMonitor::on_wait(const WaitSite& site, std::chrono::steady_clock::dura
     next_warning_ = warning_;
   }
   // Announce half a period early, so that by the warning the other waiting ranks' notices are in.
-  if ((announced_ != site.seq || resolved_) && waited >= next_warning_ / 2) announce(site);
+  if (waited >= next_warning_ / 2) announce(site);  // once per wait
   if (waited < next_warning_) return;
   next_warning_ += warning_;
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(waited).count();
@@ -138,9 +138,9 @@ std::string StallMonitor::behind(const WaitSite& site) {
   return s + "; " + rank_list(with_me) + (with_me.size() == 1 ? " waits" : " wait") + " in it";
 }
 
-std::string StallMonitor::behind_after(const WaitSite& site, std::chrono::milliseconds grace) {
+std::string StallMonitor::behind_at_timeout(const WaitSite& site) {
   announce(site);
-  const auto until = std::chrono::steady_clock::now() + grace;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   for (;;) {
     drain();
     bool all = true;  // every rank waiting somewhere: nothing more to learn
@@ -151,13 +151,13 @@ std::string StallMonitor::behind_after(const WaitSite& site, std::chrono::millis
   return behind(site);
 }
 
-int StallMonitor::lowest_waiting(const WaitSite& site) {
+bool StallMonitor::reports_timeout(const WaitSite& site) {
   announce(site);
   drain();
   for (int r = 0; r < size_; ++r) {
-    if (latest_[static_cast<size_t>(r)].waiting) return r;
+    if (latest_[static_cast<size_t>(r)].waiting) return r == rank_;
   }
-  return rank_;
+  return true;
 }
 
 }  // namespace mpiddp::detail

@@ -39,13 +39,12 @@ class StallMonitor {
   StallMonitor(const StallMonitor&) = delete;
   StallMonitor& operator=(const StallMonitor&) = delete;
 
-  int rank() const { return rank_; }
   /// Announces (once per collective) that this rank waits in `site`, reads the notices that have
   /// come in, and says who is behind: "rank 2 has not reached it (ranks 0,1 wait in it)".
   std::string behind(const WaitSite& site);
-  /// behind(), after giving peers up to `grace` to announce their own wait in `site` (used at the
-  /// timeout, when the warning may not have gone out yet).
-  std::string behind_after(const WaitSite& site, std::chrono::milliseconds grace);
+  /// behind() at a timeout in `site`: peers time out at about the same moment, so they get a few
+  /// seconds to announce their own wait first (the warning may not have gone out yet).
+  std::string behind_at_timeout(const WaitSite& site);
   /// Called by a wait in `site` that has lasted `waited`: every `warning` of it, logs on stderr
   /// "mpiddp: warning: [rank R] <site> has waited N s: <behind()>".
   void on_wait(const WaitSite& site, std::chrono::steady_clock::duration waited);
@@ -54,9 +53,9 @@ class StallMonitor {
   void on_done(const WaitSite& site) {
     if (announced_ == site.seq && !resolved_) resolve();
   }
-  /// The lowest rank known to wait in any collective (this rank included): the one that reports
-  /// a timeout.
-  int lowest_waiting(const WaitSite& site);
+  /// Whether this rank reports a timeout in `site`: the lowest rank known to wait in any collective
+  /// does, so that the job's log holds one error line.
+  bool reports_timeout(const WaitSite& site);
 
  private:
   struct Notice {

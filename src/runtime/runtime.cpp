@@ -421,13 +421,11 @@ void CollectiveStep::wait(MPI_Request& request) {
     if (monitor_) monitor_->on_wait(site, waited);
     if (waited <= timeout) return;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout).count();
-    // Peers time out at about the same moment; a few seconds let their notices arrive.
-    const std::string who = monitor_ ? monitor_->behind_after(site, std::chrono::seconds(3))
-                                     : "a rank has stopped, hung or died";
+    const std::string who = monitor_ ? monitor_->behind_at_timeout(site) : "a rank has stopped, hung or died";
     CollectiveTimeout error(describe() + " did not complete within " + std::to_string(seconds) +
                                 " s (MPIDDP_COMM_TIMEOUT): " + who,
                             __FILE__, __LINE__);
-    if (monitor_) error.set_reporter(monitor_->lowest_waiting(site) == monitor_->rank());
+    if (monitor_) error.set_reporter(monitor_->reports_timeout(site));
     throw error;  // still announced as waiting here: the rank stands where it waited
   });
   // Peers learn that this wait is over: between a step's waits this rank works (writes a part).

@@ -107,9 +107,6 @@ Case sequential() {
           }};
 }
 
-// Without biases: the key projection's bias has a gradient that is zero but for rounding (softmax
-// ignores a score added to every key alike), and Adam divides that noise by eps into updates of
-// ~1e-6 that any change of summation order (the reduce-scatter's, the clipping norm's) moves.
 // Under ASan freed memory stays resident in its quarantine: resident sizes tell nothing of ours.
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kAddressSanitizer = true;
@@ -117,6 +114,9 @@ constexpr bool kAddressSanitizer = true;
 constexpr bool kAddressSanitizer = false;
 #endif
 
+// Without biases: the key projection's bias has a gradient that is zero but for rounding (softmax
+// ignores a score added to every key alike), and Adam divides that noise by eps into updates of
+// ~1e-6 that any change of summation order (the reduce-scatter's, the clipping norm's) moves.
 mpiddp::GptConfig gpt_config(double dropout = 0) {
   mpiddp::GptConfig c;
   c.dropout = dropout;
