@@ -3,8 +3,11 @@
 # cgroup (v1 or v2; the job's whole memory, as Slurm's ConstrainRAMSpace limits a job on a node) of
 # LIMIT_GIB, nanoGPT's GPT of LAYERS x 1152 wide (block 64, vocabulary 256), AdamW, 2 steps of
 # micro-batch 1, at stage 0, 2, 3 and 3 with activation checkpointing (MPIDDP_FIT_STAGES, words of
-# 0 1 2 3 3ac; MPIDDP_FIT_RANKS, default "2 4"), for each size: whether it trained (else the kernel's
-# OOM killer ended a rank) and the cgroup's peak memory. Needs root (it makes the cgroup).
+# 0-3 with "ac" for checkpointing, e.g. "2ac"; MPIDDP_FIT_RANKS, default "2 4"), for each size: whether
+# it trained (else the kernel's OOM killer ended a rank) and the cgroup's peak memory. Block 64 leaves
+# almost no activations, so the parameters' state decides; MPIDDP_FIT_SHAPE="WIDTH HEADS BLOCK"
+# changes the shape, e.g. "768 12 1024" for GPT-2's width and context, where activations decide too.
+# Needs root (it makes the cgroup).
 # Records (per size: trained 1/0 and the peak) in $OUT_DIR/records.jsonl, tabled by bench/report.py.
 #   usage: bench/zero_fit.sh [BUILD_DIR] [LIMIT_GIB] [LAYERS...]   (logs in $OUT_DIR, default BUILD_DIR/bench-zero-fit)
 set -euo pipefail
@@ -17,7 +20,8 @@ layers=("$@")
 [ ${#layers[@]} -gt 0 ] || layers=(8 12 16 20 24)
 bash scripts/build.sh "$build" >&2
 text=$(workload_text)
-width=1152 heads=16 block=64 vocab=256
+read -r width heads block <<<"${MPIDDP_FIT_SHAPE:-1152 16 64}"
+vocab=256
 
 # A fresh cgroup per run (its peak counter starts at zero): v2 where mounted as such, else v1.
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
@@ -60,8 +64,10 @@ for ranks in ${MPIDDP_FIT_RANKS:-2 4}; do
         --lr 6e-4 --weight-decay 0.1 --weight-decay-params matrices "${flags[@]}" --threads 1 --log-every 0)
       trained=$([ "$rc" -eq 0 ] && echo 1 || echo 0)
       echo "$ranks ranks, $size, $name: exit $rc, peak $peak bytes" >&2
-      record "limit ${limit_gib} GiB, $ranks ranks" 1 "$name" "$size: trained (1) or out of memory (0)" "$trained" ""
-      record "limit ${limit_gib} GiB, $ranks ranks" 1 "$name" "$size: peak memory of the job" \
+      group="limit ${limit_gib} GiB, $ranks ranks"
+      [ "$width $heads $block" = "1152 16 64" ] || group+=", ${width} wide, block $block"
+      record "$group" 1 "$name" "$size: trained (1) or out of memory (0)" "$trained" ""
+      record "$group" 1 "$name" "$size: peak memory of the job" \
         "$(awk -v b="$peak" 'BEGIN { print b / 2^30 }')" GiB
     done
   done
