@@ -7,6 +7,7 @@
 
 #include <c10/core/Device.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -145,6 +146,9 @@ void broadcast_string(MPI_Comm comm, std::string& value, int root = 0);
 /// `root`'s bytes replace `bytes` on every rank (any size: sent in pieces). Collective.
 void broadcast_bytes(MPI_Comm comm, std::vector<char>& bytes, int root = 0);
 
+/// `root`'s value, on every rank. Collective.
+int64_t broadcast_int64(MPI_Comm comm, int64_t value, int root = 0);
+
 /// All ranks agree on a verdict: true only if `local_ok` is true on every rank. Collective.
 bool all_ok(MPI_Comm comm, bool local_ok);
 
@@ -173,6 +177,25 @@ class CollectiveStep {
   std::string what_;
   std::shared_ptr<detail::StallMonitor> monitor_;  ///< null: `comm` is not watched
   uint64_t seq_ = 0;
+};
+
+/// A blocking call that waits for other ranks and cannot be waited on in steps: HDF5's collective
+/// MPI-IO (a parallel snapshot, a dataset read collectively), MPI's and NCCL's set-up calls. For as
+/// long as the object lives a watchdog thread holds the call's deadline: the communication timeout
+/// (MPIDDP_COMM_TIMEOUT), plus half a second a rank up to 5 s so that the lowest waiting rank
+/// speaks first. Past it the blocked thread cannot be woken to throw, so the watchdog writes the
+/// error line ("<what> did not complete within N s ...") and ends the job (MPI_Abort where MPI lets
+/// another thread call it, else this process exits with 1).
+class BlockingCall {
+ public:
+  explicit BlockingCall(std::string what);                                 ///< the timeout from the environment
+  BlockingCall(std::string what, std::chrono::milliseconds timeout);
+  ~BlockingCall();
+  BlockingCall(const BlockingCall&) = delete;
+  BlockingCall& operator=(const BlockingCall&) = delete;
+
+ private:
+  uint64_t id_;
 };
 
 }  // namespace mpiddp

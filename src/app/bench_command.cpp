@@ -194,14 +194,24 @@ Measurement measure(ProcessGroup& pg, const Runtime& rt, const BenchConfig& cfg,
                     const bench::SizePoint& size, bool in_place) {
   Buffers b = make_buffers(c, size.count, cfg, in_place, pg.rank(), pg.size());
   for (int i = 0; i < cfg.warmup; ++i) start(pg, cfg, c, b)->wait();
-  MPIDDP_CHECK_MPI(MPI_Barrier(rt.world()));
+  {
+    CollectiveStep step(rt.world(), "barrier before timing");
+    MPI_Request rq;
+    MPIDDP_CHECK_MPI(MPI_Ibarrier(rt.world(), &rq));
+    step.wait(rq);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < cfg.iters; ++i) start(pg, cfg, c, b)->wait();
   const double mine =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / cfg.iters;
 
   std::vector<double> all(static_cast<size_t>(pg.size()));
-  MPIDDP_CHECK_MPI(MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, rt.world()));
+  {
+    CollectiveStep step(rt.world(), "all-gather of the ranks' times");
+    MPI_Request rq;
+    MPIDDP_CHECK_MPI(MPI_Iallgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, rt.world(), &rq));
+    step.wait(rq);
+  }
   Measurement m;
   for (double t : all) m.time_us += t / static_cast<double>(all.size());
   m.p50 = bench::percentile(all, 50);
@@ -211,9 +221,10 @@ Measurement measure(ProcessGroup& pg, const Runtime& rt, const BenchConfig& cfg,
   m.algbw = bench::algbw_gbps(size.bytes, m.time_us * 1e-6);
   m.busbw = m.algbw * bench::bus_factor(c, pg.size());
   if (cfg.check) {
-    int64_t wrong = count_wrong(pg, cfg, c, b, size.count);
-    MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, rt.world()));
-    m.wrong = wrong;
+    const int64_t wrong = count_wrong(pg, cfg, c, b, size.count);
+    int64_t total = 0;
+    for (int64_t w : allgather_int64(rt.world(), {wrong})) total += w;
+    m.wrong = total;
   }
   return m;
 }

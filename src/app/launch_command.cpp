@@ -70,7 +70,12 @@ std::pair<std::string, std::string> master_address(const Runtime& rt, const std:
   const auto rank0 = rank0_interfaces(rt);
   const auto mine = ipv4_interfaces();
   uint64_t reachable = reachable_rank0_interfaces(rank0, mine, rt.node_rank() == 0);
-  MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &reachable, 1, MPI_UINT64_T, MPI_BAND, rt.world()));
+  {
+    CollectiveStep step(rt.world(), "agreement on rank 0's reachable interfaces");
+    MPI_Request rq;
+    MPIDDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, &reachable, 1, MPI_UINT64_T, MPI_BAND, rt.world(), &rq));
+    step.wait(rq);
+  }
   const auto common = first_interface(reachable);
   const std::string gloo_interface = common ? interface_towards(rank0[*common], mine) : "";
   if (!given.empty()) return {given, gloo_interface};
@@ -176,7 +181,7 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
       return *code;
     }
     store.port = reserved ? reserved->port() : 0;
-    MPIDDP_CHECK_MPI(MPI_Bcast(&store.port, 1, MPI_INT, 0, runtime.world()));
+    store.port = static_cast<int>(broadcast_int64(runtime.world(), store.port));
   }
   const auto [master_addr, gloo_interface] = master_address(runtime, given_addr);
   const WorkerContract contract{runtime.topology(), master_addr, store.port, run_id(runtime), host};

@@ -61,7 +61,10 @@ class MpiProcessGroup : public ProcessGroup {
  public:
   MpiProcessGroup(const Runtime& runtime, const CommOptions& options)
       : ProcessGroup(runtime, options), cuda_aware_(mpi_cuda_aware()) {
-    MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &comm_));
+    {
+      BlockingCall watch("mpi backend set-up (its communicator, MPI_Comm_dup)", options.timeout);
+      MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &comm_));
+    }
     MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MPIDDP_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, &half_type_));
     MPIDDP_CHECK_MPI(MPI_Type_commit(&half_type_));

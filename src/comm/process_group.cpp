@@ -375,7 +375,10 @@ std::string ProcessGroup::Call::describe() const {
 
 ProcessGroup::ProcessGroup(const Runtime& runtime, CommOptions options)
     : runtime_(runtime), options_(options), rank_(runtime.rank()), size_(runtime.size()) {
-  MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &control_));
+  {
+    BlockingCall watch("process group set-up (its control communicator, MPI_Comm_dup)", options_.timeout);
+    MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &control_));
+  }
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN));
   if (size_ > 1 && options_.stall_monitor) stall_ = std::make_shared<detail::StallMonitor>(control_, rank_, size_, options_.stall_warning);
   if (options_.check_collectives) {

@@ -27,7 +27,7 @@ ServedStore serve_store(const Runtime& runtime, const std::string& host, int cli
       server_error = e.what();
     }
   }
-  MPIDDP_CHECK_MPI(MPI_Bcast(&s.port, 1, MPI_INT, 0, runtime.world()));
+  s.port = static_cast<int>(broadcast_int64(runtime.world(), s.port));
   MPIDDP_CHECK(s.port > 0, what + ": rank 0 could not open its TCPStore" +
                                (server_error.empty() ? std::string() : ": " + server_error));
   return s;

@@ -13,6 +13,7 @@
 #include <exception>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 
 #include "common/check_hdf5.hpp"
 
@@ -131,6 +132,9 @@ H5Dataset::~H5Dataset() {
     h_->inputs.release();
     h_->targets.release();
     h_->file.release();
+  } else if (parallel()) {
+    BlockingCall watch("closing '" + info_.path + "' (HDF5 MPI-IO)");
+    h_.reset();
   }
 }
 
@@ -150,9 +154,11 @@ bool H5Dataset::open_parallel(MPI_Comm comm) {
   h_->file = Hid();
   std::string error;
   try {
+    // Collective from here on (H5Pset_fapl_mpio duplicates the communicator).
+    BlockingCall watch("collective open of '" + info_.path + "' (HDF5 MPI-IO)");
     Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
     MPIDDP_CHECK_HDF5(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL));
-    const hid_t f = H5Fopen(info_.path.c_str(), H5F_ACC_RDONLY, fapl.get());  // collective
+    const hid_t f = H5Fopen(info_.path.c_str(), H5F_ACC_RDONLY, fapl.get());
     MPIDDP_CHECK(f >= 0, "cannot reopen '" + info_.path + "' through MPI-IO (" + detail::hdf5_error_text() + ")");
     h_->file = Hid(f, H5Fclose);
     open_datasets();
@@ -199,6 +205,8 @@ Example H5Dataset::read_rows(const std::vector<int64_t>& indices, bool collectiv
     where[i] = std::lower_bound(sorted.begin(), sorted.end(), indices[i]) - sorted.begin();
   }
   auto order = torch::tensor(where, torch::kLong);
+  std::optional<BlockingCall> watch;  // a collective read waits for every rank's
+  if (collective) watch.emplace("collective read of " + std::to_string(sorted.size()) + " rows of '" + info_.path + "' (HDF5 MPI-IO)");
   Example e;
   if (info_.uint8_inputs) {
     e.inputs = h_->rows(h_->inputs.get(), h_->in_dims, sorted, torch::kUInt8, H5T_NATIVE_UINT8, xfer)

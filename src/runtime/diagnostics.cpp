@@ -210,6 +210,8 @@ std::vector<SanityCheckResult> run_sanity_checks(const Runtime& runtime, int fau
   const bool fault = runtime.rank() == fault_rank;
   std::vector<SanityCheckResult> results;
   for (const auto& check : checks) {
+    // Plain blocking MPI (the checks are of MPI itself), watched for a way out.
+    BlockingCall watch("sanity check " + check.name + " (MPI)");
     int ok = check.run(comm, runtime.rank(), runtime.size(), fault) ? 1 : 0;
     std::vector<int> oks(static_cast<size_t>(runtime.size()));
     MPIDDP_CHECK_MPI(MPI_Allgather(&ok, 1, MPI_INT, oks.data(), 1, MPI_INT, comm));

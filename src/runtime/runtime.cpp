@@ -172,10 +172,13 @@ Runtime::Runtime(int* argc, char*** argv, const RuntimeOptions& options)
   }
   // Errors come back as codes and become mpiddp::Error instead of aborting inside MPI.
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-  MPIDDP_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
-  MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
-  detail::watch_steps(world_);
-  topo_ = derive_topology(world_, std::nullopt, &node_);
+  {
+    BlockingCall watch("start-up (the communicators and each node's ranks, MPI)");
+    MPIDDP_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
+    MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
+    detail::watch_steps(world_);
+    topo_ = derive_topology(world_, std::nullopt, &node_);
+  }
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN));
   set_current_rank(topo_.rank);
 
@@ -325,6 +328,14 @@ std::vector<int64_t> allgather_int64(MPI_Comm comm, const std::vector<int64_t>& 
   MPIDDP_CHECK_MPI(MPI_Iallgather(local.data(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm, &rq));
   step.wait(rq);
   return all;
+}
+
+int64_t broadcast_int64(MPI_Comm comm, int64_t value, int root) {
+  CollectiveStep step(comm, "broadcast of a value");
+  MPI_Request rq;
+  MPIDDP_CHECK_MPI(MPI_Ibcast(&value, 1, MPI_INT64_T, root, comm, &rq));
+  step.wait(rq);
+  return value;
 }
 
 bool all_ok(MPI_Comm comm, bool local_ok) {

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "common/check_hdf5.hpp"
 #include "common/check.hpp"
@@ -194,6 +195,13 @@ Hid file_access(MPI_Comm comm, SnapshotIo io) {
   return fapl;
 }
 
+// HDF5 calls that, through MPI-IO, wait for every rank (creating, writing, closing the file): a
+// watchdog's deadline while they last, the way out if a rank never comes (runtime.hpp).
+std::optional<BlockingCall> watched(SnapshotIo io, const std::string& what) {
+  if (io != SnapshotIo::kParallel) return std::nullopt;
+  return std::optional<BlockingCall>(std::in_place, what + " (HDF5 MPI-IO)");
+}
+
 Hid transfer(SnapshotIo io, bool collective) {
   Hid dxpl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
 #if MPIDDP_HDF5_PARALLEL
@@ -369,6 +377,7 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
     if (!writes) return;
     Hid fcpl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_CREATE)), H5Pclose);
     MPIDDP_CHECK_HDF5(H5Pset_userblock(fcpl.get(), layout.header_bytes));
+    const auto watch = watched(io, "creation of snapshot file '" + tmp + "'");  // file_access's too
     Hid fapl = file_access(comm, io);
     const hid_t id = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
     MPIDDP_CHECK(id >= 0, "cannot create '" + tmp + "': " + hdf5_error_text());
@@ -394,6 +403,7 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
       const auto host = host_bytes(t.part);
       const int64_t count = host.defined() ? host.numel() : 0;
       part_crcs[k] = count ? crc_of(host.data_ptr(), static_cast<size_t>(host.nbytes())) : crc_of(nullptr, 0);
+      const auto watch = watched(io, "snapshot write of '" + t.name + "'");
       Hid dataset;
       if (writes) {
         f.run([&] {
@@ -435,6 +445,7 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
     manifest[t.name] = {&dtype_of(t.dtype), t.shape, combined_crc(extents[k], crcs, c10::elementSize(t.dtype))};
   }
   if (writes) {
+    const auto watch = watched(io, "closing snapshot file '" + tmp + "'");
     f.run([&] {
       for (const auto& [name, d] : manifest) {
         Hid dataset(MPIDDP_CHECK_HDF5(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT)), H5Dclose);
@@ -462,7 +473,10 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
     if (rank == 0) sealed.run([&] { seal(tmp, path, dir, layout); });
     agree(comm, sealed, context);
   } catch (const Error&) {
-    file = Hid();
+    {
+      const auto watch = watched(io, "closing snapshot file '" + tmp + "' after an error");
+      file = Hid();
+    }
     if (rank == 0) {
       std::error_code ignored;
       fs::remove(tmp, ignored);
@@ -564,6 +578,7 @@ SnapshotReader::SnapshotReader(MPI_Comm comm, const std::string& path, SnapshotI
   json catalog;
   if (io_ == SnapshotIo::kParallel || rank == 0) {
     f.run([&] {
+      const auto watch = watched(io_, "opening snapshot '" + path + "'");  // file_access's too
       Hid fapl = file_access(comm, io_);
       const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
       MPIDDP_CHECK(id >= 0, "snapshot '" + path + "' is not a readable HDF5 file (truncated or damaged: " +
@@ -620,7 +635,11 @@ SnapshotReader::SnapshotReader(MPI_Comm comm, const std::string& path, SnapshotI
   verdict();
 }
 
-SnapshotReader::~SnapshotReader() = default;
+SnapshotReader::~SnapshotReader() {
+  if (!file_) return;
+  const auto watch = watched(io_, "closing a snapshot");
+  file_.reset();
+}
 
 const DatasetEntry* SnapshotReader::find(const std::string& name) const {
   const auto it = datasets_.find(name);

@@ -41,6 +41,21 @@ done
 check "a Runtime step: one error line, naming the step, the timeout and the late rank" \
   bash -c '[ "$(grep -c "^mpiddp: error:" <<<"$1")" -eq 1 ] && grep -q "^mpiddp: error: .*agreement of all ranks #[0-9]* did not complete within 3 s (MPIDDP_COMM_TIMEOUT): stalled: rank 1 (not waiting" <<<"$1"' _ "$err"
 
+# A blocking call inside HDF5 (the collective MPI-IO open of a dataset; also a parallel snapshot's
+# writes): no step to time out, so a watchdog names the call and ends the job.
+t0=$(date +%s)
+hdf5_dir=$(mktemp -d)
+MPIDDP_COMM_TIMEOUT=3 run_np 3 "$probe" --backend mpi --late 2 --in hdf5 --dir "$hdf5_dir"
+if contains "no parallel HDF5" "$out"; then
+  echo "skip: a blocking call inside HDF5 (this mpiddp's HDF5 is not parallel)"
+else
+  check "inside HDF5: job ends non-zero" failed_cleanly
+  check "inside HDF5: ended within 30 s" [ "$(elapsed)" -lt 30 ]
+  check "inside HDF5: a waiting rank names the call and the timeout" \
+    contains "^mpiddp: error: \[rank [01]\] collective open of '$hdf5_dir/probe.h5' (HDF5 MPI-IO) did not complete within 3 s (MPIDDP_COMM_TIMEOUT): a rank has stopped, hung or died" "$err"
+fi
+rm -rf "$hdf5_dir"
+
 if [[ " ${MPIDDP_BACKENDS:-} " == *" gloo "* ]]; then
   run_np 2 "$probe" --backend gloo --late 1 --timeout-ms 1000 --check 1
   check "gloo: job ends non-zero" failed_cleanly
