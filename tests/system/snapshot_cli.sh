@@ -161,6 +161,7 @@ for how in "usr1-one-rank 2" "term-all-ranks 4" "usr1-mpiexec 2" "usr1-one-rank 
   check "$name np$n: the snapshot is that step's" [ "$(latest_step "$d")" = "${stopped:-x}" ]
   run_np "$n" "$mpiddp" "${mlp[@]}" --snapshot-dir "$d"
   check "$name np$n: rerun resumes" contains "^Resuming training from snapshot at Epoch" "$out"
+  check "$name np$n: rerun completes" [ "$rc" -eq 0 ]
   check "$name np$n: final state bitwise equal to the uninterrupted run" same_state "$ref" "$d/latest.h5"
 done
 
