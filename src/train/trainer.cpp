@@ -297,6 +297,7 @@ MemoryPlan Trainer::plan_memory(DistributedDataParallel* sharded, int64_t reside
   // and gathering buffers, which the plan counts by their rules; it held the tensors with memory.
   in.resident = sharded ? resident_before_sharding : resident_bytes();
   std::set<const void*> seen;
+  in.model_resident = 0;  // counted below (a model all deferred holds none: not "unknown")
   for (const auto& named : {model_->named_parameters(), model_->named_buffers()}) {
     for (const auto& [name, t] : named) {
       if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
