@@ -1,6 +1,7 @@
 #include "app/cli.hpp"
 
 #include <mpiddp/error.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -56,6 +57,8 @@ std::optional<int> agree_on_local_phase(const Runtime& runtime, const std::strin
   std::string error;
   try {
     body();
+  } catch (const mpiddp::CollectiveTimeout&) {
+    throw;  // not this rank's own failure: agreeing on it would wait a second timeout
   } catch (const mpiddp::Error& e) {
     error = e.message();
   } catch (const std::exception& e) {

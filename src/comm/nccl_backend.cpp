@@ -95,7 +95,7 @@ class NcclProcessGroup : public ProcessGroup {
   NcclProcessGroup(const Runtime& runtime, const CommOptions& options)
       : ProcessGroup(runtime, options), device_(runtime.device()) {
     // Blocking calls of every rank (MPI's, then NCCL's): watched for a way out if one never comes.
-    BlockingCall watch("NCCL set-up (the GPU check, ncclUniqueId broadcast and ncclCommInitRank)");
+    BlockingCall watch("NCCL set-up (the GPU check, ncclUniqueId broadcast and ncclCommInitRank)", options.timeout);
     // Every rank must have a GPU before any rank blocks in the id broadcast below.
     int without_gpu = device_.is_cuda() ? 0 : 1;
     MPIDDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &without_gpu, 1, MPI_INT, MPI_SUM, runtime.world()));

@@ -74,11 +74,14 @@ class Watchdog {
       const auto first = std::min_element(calls_.begin(), calls_.end(), [](const WatchedCall& a, const WatchedCall& b) {
         return a.deadline < b.deadline;
       });
-      if (Clock::now() < first->deadline) {
-        woken_.wait_until(lock, first->deadline);
+      const auto deadline = first->deadline;  // a copy: watch() may move the calls while this waits
+      if (Clock::now() < deadline) {
+        woken_.wait_until(lock, deadline);
         continue;
       }
-      end_job(*first);
+      const WatchedCall expired = *first;
+      lock.unlock();
+      end_job(expired);
     }
   }
 

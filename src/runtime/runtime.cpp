@@ -172,6 +172,9 @@ Runtime::Runtime(int* argc, char*** argv, const RuntimeOptions& options)
   }
   // Errors come back as codes and become mpiddp::Error instead of aborting inside MPI.
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  int world_rank = 0;
+  MPIDDP_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  set_current_rank(world_rank);  // the watchdog's line names it
   {
     BlockingCall watch("start-up (the communicators and each node's ranks, MPI)");
     MPIDDP_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world_));

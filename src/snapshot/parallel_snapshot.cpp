@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -202,6 +203,13 @@ std::optional<BlockingCall> watched(SnapshotIo io, const std::string& what) {
   return std::optional<BlockingCall>(std::in_place, what + " (HDF5 MPI-IO)");
 }
 
+// Closing a file opened through MPI-IO is collective: while an exception unwinds this rank alone
+// (a timeout), the other ranks may be in a collective it will never join, so the file is left open
+// (the job is ending: MPI_Abort or MPI_Finalize ends it), as H5Dataset does.
+void leave_open_while_unwinding(SnapshotIo io, Hid& file) {
+  if (io == SnapshotIo::kParallel && std::uncaught_exceptions() > 0) file.release();
+}
+
 Hid transfer(SnapshotIo io, bool collective) {
   Hid dxpl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
 #if MPIDDP_HDF5_PARALLEL
@@ -371,6 +379,11 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
 
   Failures f;
   Hid file;
+  struct LeaveOpen {
+    SnapshotIo io;
+    Hid& file;
+    ~LeaveOpen() { leave_open_while_unwinding(io, file); }
+  } leave_open{io, file};
   Layout layout;
   layout.header_bytes = layout_header_bytes(tensors.size());
   f.run([&] {
@@ -488,8 +501,11 @@ void write_parallel_snapshot(MPI_Comm comm, const std::string& path, const std::
 // ---- reading -----------------------------------------------------------------------------------
 
 struct SnapshotReader::File {
+  SnapshotIo io;
   Hid file;
   Hid dxpl;
+  explicit File(SnapshotIo io) : io(io) {}
+  ~File() { leave_open_while_unwinding(io, file); }
 };
 
 namespace {
@@ -574,7 +590,7 @@ SnapshotReader::SnapshotReader(MPI_Comm comm, const std::string& path, SnapshotI
     return;
   }
 
-  file_ = std::make_unique<File>();
+  file_ = std::make_unique<File>(io_);
   json catalog;
   if (io_ == SnapshotIo::kParallel || rank == 0) {
     f.run([&] {
