@@ -10,6 +10,9 @@ parameter count (distinct tensors, as llm.c counts for MFU) and the tokens/s of 
 
 usage: mpirun -np N python3 bench/python_gpt_ddp.py SHARD STEPS L H C T BATCH ACCUM [THREADS] [PORT]
            [--device cpu|cuda] [--backend gloo|nccl] [--precision fp32|bf16] [--vocab V] [--timed-from K]
+           [--profile FILE [--profile-from K] [--profile-steps M]]
+--profile: torch.profiler over M steps after K (as mpiddp train's options of the same names), a Chrome
+trace per rank (FILE.rank<r>.json), for bench/profile_summary.py beside mpiddp's.
 """
 import argparse
 import contextlib
@@ -48,7 +51,18 @@ def arguments():
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--timed-from", type=int, default=0, help="steps before the tokens/s clock starts")
+    ap.add_argument("--profile", default="", help="Chrome trace of --profile-steps steps (FILE.rank<r>.json)")
+    ap.add_argument("--profile-from", type=int, default=10)
+    ap.add_argument("--profile-steps", type=int, default=3)
     return ap.parse_args()
+
+
+def stop_profile(profiler, path, rank, cuda):
+    if cuda:
+        torch.cuda.synchronize()
+    profiler.stop()
+    stem, ext = os.path.splitext(path)
+    profiler.export_chrome_trace(f"{stem}.rank{rank}{ext or '.json'}")
 
 
 def main():
@@ -88,10 +102,18 @@ def main():
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    profiler = None
     t0 = clock()
     for it in range(steps):
         if it == a.timed_from:
             t0 = clock()
+        if a.profile and it == a.profile_from:
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+            profiler = torch.profiler.profile(activities=acts)
+            profiler.start()
+        if profiler and it == a.profile_from + a.profile_steps:
+            stop_profile(profiler, a.profile, rank, cuda)
+            profiler = None
         first = (it * rows) % (len(mine) - rows)
         for j in range(accum):
             x, y = ng.windows(tokens, block, mine[first + j * batch:first + (j + 1) * batch])
@@ -105,6 +127,8 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
     seconds = clock() - t0
+    if profiler:
+        stop_profile(profiler, a.profile, rank, cuda)
     dist.barrier()
     if rank == 0:
         timed = steps - min(a.timed_from, steps)

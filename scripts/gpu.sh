@@ -6,7 +6,7 @@
 # Before, on a machine with Debian's archive: `bash scripts/gpu_debs.sh` (downloads the Debian 12
 # packages and Fashion-MNIST into .gpu-debs/, ~57 MiB); carry .gpu-debs to the GPU machine. There:
 #   bash scripts/gpu.sh [OUT_DIR] [STAGES]
-# STAGES (comma-separated, default all): deps,build,tests,cli,train,figures
+# STAGES (comma-separated, default all): deps,build,tests,cli,train,figures,profile
 #   deps     unpack the packages into a prefix (system libraries win where the image has the soname)
 #   build    mpiddp against the machine's libtorch (torch.utils.cmake_prefix_path) and NCCL, with
 #            the GPU test entries (MPIDDP_GPU_TESTS=ON)
@@ -28,6 +28,8 @@
 #            (bf16) against nanoGPT's under Python DDP: tokens/s, MFU (llm.c's formula), whole-run
 #            seconds; DDP overhead over the same steps without communication and the GPU time of the
 #            NCCL collectives per step, from CUDA events (mpiddp_ddp_bench --device cuda)
+#   profile  GPT-2 small on both sides under PyTorch's profiler (steps 20-22): profile.md, per step,
+#            the GPU's busy and idle time, kernels by kind, the host's waits; GPU memory peaks
 # Where one command may run 10 minutes at most, two calls do it all, each on a fresh machine:
 #   bash scripts/gpu.sh OUT deps,build,tests     and     bash scripts/gpu.sh OUT deps,build,cli,train,figures
 # With less device time (15 minutes, starts included), one call does every GPU check and a round of
@@ -39,13 +41,13 @@
 # runs the same deps, build and test steps with GPU cases skipping instead of failing; every check
 # that needs a GPU is reported SKIP, never PASS (the gpu entries are run there only to see each of
 # them fail without a GPU). On a GPU machine only the GPU steps are then new.
-# Writes into OUT_DIR six files: summary.txt (one line per check: PASS/FAIL), gpu.log (everything),
+# Writes into OUT_DIR seven files: profile.md, summary.txt (one line per check: PASS/FAIL), gpu.log (everything),
 # tests.log (CTest: the suite, then the gpu entries), figures.jsonl and figures.md, logs.tgz (every other log); data, models and
 # snapshots go to GPU_WORK (default /tmp/mpiddp-gpu). Exit status non-zero if any check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${1:-${OUT:-gpu-out}}
-stages=${2:-deps,build,tests,cli,train,figures}
+stages=${2:-deps,build,tests,cli,train,figures,profile}
 rounds=${GPU_ROUNDS:-3}
 debs=${GPU_DEBS:-.gpu-debs}
 prefix=${GPU_PREFIX:-/opt/mpiddp-deps}
@@ -410,6 +412,37 @@ for model in ["cnn", "mlp"]:
         print(f"NCCL collectives' GPU time per step, {model} (CUDA events): median {statistics.median(gpu_ms):.3f} ms "
               f"({min(gpu_ms):.3f}-{max(gpu_ms):.3f}) of a {step_ms:.2f} ms step")
 PY
+fi
+
+if has profile; then
+  # GPT-2 small (bf16, 16 x 1024 tokens a step), mpiddp and nanoGPT's GPT under Python DDP, each
+  # profiled (PyTorch's profiler, Chrome traces into logs.tgz) over steps 20-22, every step's time
+  # logged (mpiddp) and the GPU's memory sampled (nvidia-smi): where a step's time goes on each side.
+  say "profile: GPT-2 small, bf16, steps 20-22 of 40"
+  for who in mpiddp python; do
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$logs/profile.$who.memory" 2>/dev/null &
+    sampler=$!
+    if [ "$who" = mpiddp ]; then
+      mpirun --oversubscribe -n 1 "$mpiddp" train "${gpt2[@]}" "${gpt_run[@]}" --batch-size 16 --max-steps 40 \
+        --device cuda --backend nccl --precision bf16 --log-every 1 --metrics "$logs/profile.mpiddp.jsonl" \
+        --profile "$logs/profile.mpiddp.json" --profile-from 20 --profile-steps 3 >"$logs/profile.mpiddp.txt" 2>&1
+    else
+      mpirun --oversubscribe -n 1 -x MASTER_PORT=29570 $py bench/python_gpt_ddp.py "$data/text_train_000001.bin" 40 \
+        12 12 768 1024 16 1 --device cuda --backend nccl --precision bf16 --vocab 50304 --timed-from 10 \
+        --profile "$logs/profile.python.json" --profile-from 20 --profile-steps 3 >"$logs/profile.python.txt" 2>&1
+    fi
+    run_check "profile: $who GPT-2 small, steps 20-22 traced" [ -s "$logs/profile.$who.rank0.json" ]
+    kill "$sampler" 2>/dev/null
+    echo "$who: GPU memory used, peak $(sort -n "$logs/profile.$who.memory" | tail -n 1) MiB" | tee -a "$out/profile.md"
+  done
+  $py bench/profile_summary.py 3 mpiddp="$logs/profile.mpiddp.rank0.json" python="$logs/profile.python.rank0.json" |
+    tee -a "$out/profile.md"
+  $py -c 'import json, sys
+for x in map(json.loads, open(sys.argv[1])):
+    if x.get("kind") == "log": print(x.get("global_step"), round(x.get("tokens_per_s", 0)))' \
+    "$logs/profile.mpiddp.jsonl" | tr '\n' ' ' | sed 's/^/mpiddp tokens\/s by step: /' | tee -a "$out/profile.md"
+  echo | tee -a "$out/profile.md"
+  gzip -f "$logs"/profile.*.rank*.json
 fi
 
 tar czf "$out/logs.tgz" -C "$work" logs

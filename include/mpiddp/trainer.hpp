@@ -166,6 +166,13 @@ struct TrainerOptions {
   /// Model FLOPs of one sample's forward and backward (flops.hpp), for the records' FLOP/s and
   /// MFU; 0: the model's own figure (Model::training_flops_per_sample: the built-in GPT's), if any.
   double flops_per_sample = 0;
+  /// PyTorch's profiler (Kineto) over `profile_steps` steps from global step `profile_first_step`
+  /// (counted as max_steps: after that many steps), a Chrome trace per rank (the host's operators;
+  /// on CUDA each kernel and copy with its GPU time). "%r" in the path becomes the rank, else
+  /// FILE.rank<r>.json (as the DDP timeline); "" : none. A trace that cannot be written is a warning.
+  std::string profile_path;
+  int64_t profile_first_step = 10;
+  int64_t profile_steps = 3;
   bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
   std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
   /// Buckets, compression, timeline. Its reduction and mean tail are the Trainer's (zero_stage).

@@ -35,6 +35,7 @@
 #include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_policy.hpp"
 #include "train/step_agreement.hpp"
+#include "train/step_profiler.hpp"
 #include "train/task.hpp"
 #include "train/stop_signals.hpp"
 #include "train/update.hpp"
@@ -512,6 +513,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     update.save_state(at);
     return save(at, update.zero());
   };
+  detail::StepProfiler profiler(o, runtime_.rank());
   double first_step_unix_s = 0;
   int64_t saved_step = -1;  ///< the global step of the last snapshot after_step wrote
   model_->train(true);
@@ -521,6 +523,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     EpochClock clock;
     while (plan.epoch_running(p)) {
       const Example batch = batches.next();
+      profiler.before_step(p.global_step);
       set_lr({p.global_step, p.epoch, plan.total_steps});
       p.lr = current_lr();
       const double loss = micro_steps(split_micro_batches(batch, o.grad_accum), ddp, agreement, update);
@@ -534,6 +537,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       }
       ddp.zero_grad();
       p.advance();
+      if (const auto written = profiler.after_step(p.global_step); !written.empty()) note("profile written: " + written);
       progress.on_step(p, loss, verdict.bad_rank >= 0);
       if (++steps_run == kMemoryCheckSteps && memory) note(measured_memory(*memory, steps_run));
       if (first_step_unix_s == 0) first_step_unix_s = detail::unix_seconds();
@@ -561,6 +565,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       result.last_snapshot = snapshot(plan.epoch_done(p) ? p.next_epoch() : p);
     }
   }
+  if (const auto written = profiler.finish(); !written.empty()) note("profile written: " + written);
   if (memory && steps_run > 0 && steps_run < kMemoryCheckSteps) note(measured_memory(*memory, steps_run));
   result.global_step = p.global_step;
   return result;

@@ -25,6 +25,8 @@ void TrainerOptions::validate(const std::function<std::string(const std::string&
                "unknown " + n("data_format") + " '" + data_format + "' (auto, hdf5, llmc, raw-uint16)");
   MPIDDP_CHECK(block_size >= 0, n("block_size") + " must be >= 0, got " + std::to_string(block_size));
   MPIDDP_CHECK(max_steps >= 0, n("max_steps") + " must be >= 0");
+  MPIDDP_CHECK(profile_first_step >= 0, n("profile_first_step") + " must be >= 0, got " + std::to_string(profile_first_step));
+  MPIDDP_CHECK(profile_steps > 0, n("profile_steps") + " must be > 0, got " + std::to_string(profile_steps));
   MPIDDP_CHECK(log_every_steps >= -1, n("log_every_steps") + " must be >= -1 (-1: a tenth of an epoch)");
   MPIDDP_CHECK(log_every_seconds >= 0 && log_min_gap_seconds >= 0,
                n("log_every_seconds") + " and " + n("log_min_gap_seconds") + " must be >= 0");

@@ -134,5 +134,41 @@ check "--log-every 16: an epoch's progress lines come before its summary" \
            [ "$(grep -n "^epoch 1: " <<<"$1" | cut -d: -f1)" -lt "$(grep -n "^epoch 2/2, step 16/64" <<<"$1" | cut -d: -f1)" ]' _ "$out"
 run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --epochs 1 --batch-size 16 --log-every 0
 check "--log-every 0: no progress lines" bash -c '! grep -q "^epoch 1/1, step" <<<"$1"' _ "$out"
+
+# --profile: PyTorch's profiler over the window only, one Chrome trace per rank. The mlp's three
+# linear layers give three AddmmBackward0 evaluations a step: the window's count is its steps x 3.
+# 2048 samples / (2 ranks x 64) = 16 steps; a window past the run's end writes what it holds. A
+# libtorch without Kineto (Debian's 1.13: the test Python's torch, the same build, says which)
+# cannot save a trace: every rank says so before training.
+backward_addmms() { py - "$1" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+print(sum(1 for e in events if e.get("ph") == "X" and "AddmmBackward0" in e.get("name", "") and "evaluate_function" in e["name"]))
+PY
+}
+if [ "$(py -c 'import torch; print(torch.autograd.kineto_available())')" = True ]; then
+  for w in "4 2" "3 1" "14 5"; do
+    read -r from steps <<<"$w"
+    rm -f "$tmp"/prof.*
+    run_np 2 "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 1 --batch-size 64 --profile "$tmp/prof.json" \
+      --profile-from "$from" --profile-steps "$steps"
+    taken=$(( steps < 16 - from ? steps : 16 - from ))
+    check "--profile-from $from --profile-steps $steps: trains, says where it wrote" \
+      bash -c '[ "$1" -eq 0 ] && grep -q "^profile written: $2\.rank0\.json$" <<<"$3"' _ "$rc" "$tmp/prof" "$out"
+    for r in 0 1; do
+      check "--profile-from $from --profile-steps $steps: rank $r's trace holds $taken steps' backward" \
+        [ "$(backward_addmms "$tmp/prof.rank$r.json")" = $((3 * taken)) ]
+    done
+  done
+  run_np 2 "$mpiddp" train --model mlp --data "$tmp/syn.h5" --epochs 1 --batch-size 64 --profile "$tmp/late.json" \
+    --profile-from 16
+  check "--profile-from past the run's end: trains, writes nothing" \
+    bash -c '[ "$1" -eq 0 ] && ! ls "$2"/late.* 2>/dev/null' _ "$rc" "$tmp"
+else
+  bad "--profile without Kineto" "--profile needs libtorch's profiler with Kineto (USE_KINETO=1)" \
+    --model mlp --data "$tmp/syn.h5" --profile "$tmp/prof.json"
+fi
+bad "--profile-steps 0" "--profile-steps must be > 0" --model linear --data "$tmp/syn.h5" --profile "$tmp/p.json" --profile-steps 0
+bad "negative --profile-from" "--profile-from must be >= 0" --model linear --data "$tmp/syn.h5" --profile "$tmp/p.json" --profile-from -1
 [[ " ${MPIDDP_BACKENDS:-} " == *" nccl "* ]] && bad "nccl without a cuda device" "goes with --device cuda" --model linear --data "$tmp/syn.h5" --backend nccl
 finish
