@@ -63,6 +63,7 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::before_step(int64_t steps_done) {
   if (path_.empty() || on_ || steps_done < first_ || steps_done >= end_) return;
+  kineto::prepareProfiler(ProfilerConfig(ProfilerState::KINETO), profiled_activities(cuda_));  // each session's
   kineto::enableProfiler(ProfilerConfig(ProfilerState::KINETO), profiled_activities(cuda_));
   on_ = true;
 }
