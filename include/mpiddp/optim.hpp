@@ -108,5 +108,11 @@ torch::Tensor grad_squared_norm(const std::vector<torch::Tensor>& params);
 /// Scales the gradients of `params` so that a global norm `norm` becomes at most `max_norm`, by
 /// torch.nn.utils.clip_grad_norm_'s rule (factor max_norm / (norm + 1e-6) when below 1); returns `norm`.
 double clip_grads_to(const std::vector<torch::Tensor>& params, double norm, double max_norm);
+/// The same rule with the squared norm where grad_squared_norm leaves it (on the gradients'
+/// device): the factor is computed there too, so the host does not wait for the gradients. Every
+/// gradient is multiplied, by exactly 1 where the norm is within the bound or not finite (the same
+/// values as not scaling it). Returns the norm, on the device.
+torch::Tensor clip_grads_to(const std::vector<torch::Tensor>& params, const torch::Tensor& squared_norm,
+                            double max_norm);
 
 }  // namespace mpiddp

@@ -296,8 +296,8 @@ class Trainer {
   std::pair<torch::Tensor, torch::Tensor> forward_loss(const torch::Tensor& inputs, const torch::Tensor& targets);
   void set_lr(const StepInfo& at);
   double current_lr() const;
-  double micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
-                     detail::StepAgreement& agreement, const detail::Update& update);
+  torch::Tensor micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
+                            detail::StepAgreement& agreement, const detail::Update& update);
   void skip_step(const detail::RunPosition& p, int bad_rank, const std::function<void(const std::string&)>& note);
   FitResult stopped(FitResult result, const detail::RunPosition& p, int signal,
                     const std::function<void(const std::string&)>& note) const;

@@ -36,4 +36,17 @@ double clip_grads_to(const std::vector<torch::Tensor>& params, double norm, doub
   return norm;
 }
 
+torch::Tensor clip_grads_to(const std::vector<torch::Tensor>& params, const torch::Tensor& squared_norm,
+                            double max_norm) {
+  torch::NoGradGuard no_grad;
+  const auto norm = squared_norm.sqrt();
+  // float64 as the host's rule computes it, then float32, as a double scalar multiplies a tensor.
+  auto factor = max_norm / (norm + 1e-6);
+  factor = torch::where(factor < 1, factor, torch::ones_like(factor)).to(torch::kFloat);
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().mul_(factor);
+  }
+  return norm;
+}
+
 }  // namespace mpiddp

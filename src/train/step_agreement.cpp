@@ -2,6 +2,8 @@
 
 #include "train/stop_signals.hpp"
 
+#include <cmath>
+
 namespace mpiddp::detail {
 
 StepAgreement::StepAgreement(torch::Tensor slots, ProcessGroup& pg)
@@ -11,19 +13,26 @@ StepAgreement::StepAgreement(torch::Tensor slots, ProcessGroup& pg)
       staging_(direct_ ? slots_ : torch::zeros({kSlots}, torch::kFloat)),
       flags_(staging_.data_ptr<float>()) {}
 
-void StepAgreement::post(bool finite_loss) {
+void StepAgreement::post(const torch::Tensor& loss) {
   pending_signal_ = StopSignals::pending();
-  finite_ = finite_loss;
-  flags_[0] = pending_signal_ != 0 ? 1.0F : 0.0F;  // [ranks stopping, ranks with a bad loss] / size
-  flags_[1] = finite_ ? 0.0F : 1.0F;
-  if (!direct_) slots_.copy_(staging_);
+  loss_ = loss;
+  // [ranks stopping, ranks with a bad loss] / size
+  if (direct_) {
+    flags_[0] = pending_signal_ != 0 ? 1.0F : 0.0F;
+    flags_[1] = std::isfinite(loss.item<double>()) ? 0.0F : 1.0F;
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  slots_.narrow(0, 0, 1).fill_(pending_signal_ != 0 ? 1.0 : 0.0);
+  slots_.narrow(0, 1, 1).copy_(torch::isfinite(loss).logical_not().reshape({1}));
 }
 
 StepAgreement::Verdict StepAgreement::settle() {
   if (!direct_) staging_.copy_(slots_);
   Verdict v;
   if (flags_[0] > 0 || flags_[1] > 0) {  // rare: which signal, which rank
-    auto flags = torch::tensor({static_cast<int64_t>(pending_signal_), finite_ ? int64_t{0} : pg_.rank() + 1},
+    const bool finite = std::isfinite(loss_.item<double>());  // the step is over: no wait
+    auto flags = torch::tensor({static_cast<int64_t>(pending_signal_), finite ? int64_t{0} : pg_.rank() + 1},
                                torch::kLong)
                      .to(slots_.device());
     pg_.allreduce(flags, ReduceOp::kMax);

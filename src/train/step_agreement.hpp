@@ -29,8 +29,9 @@ class StepAgreement {
 
   /// `slots`: kSlots values all-reduced (mean) by each step's gradient collective.
   StepAgreement(torch::Tensor slots, ProcessGroup& pg);
-  /// This rank's flags, before the reducing backward.
-  void post(bool finite_loss);
+  /// This rank's flags, before the reducing backward; `loss` the step's (a scalar where the model
+  /// is). Off the CPU its finiteness is judged on the device: posting never waits for the forward.
+  void post(const torch::Tensor& loss);
   /// Every rank's verdict, after it; collective only when some rank raised a flag.
   Verdict settle();
 
@@ -43,7 +44,7 @@ class StepAgreement {
   torch::Tensor staging_;
   float* flags_;
   int pending_signal_ = 0;
-  bool finite_ = true;
+  torch::Tensor loss_;  ///< the posted loss (read by settle() only when some rank's was not finite)
 };
 
 }  // namespace mpiddp::detail

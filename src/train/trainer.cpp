@@ -526,8 +526,9 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       profiler.before_step(p.global_step);
       set_lr({p.global_step, p.epoch, plan.total_steps});
       p.lr = current_lr();
-      const double loss = micro_steps(split_micro_batches(batch, o.grad_accum), ddp, agreement, update);
-      const auto verdict = agreement.settle();
+      const auto step_loss = micro_steps(split_micro_batches(batch, o.grad_accum), ddp, agreement, update);
+      const auto verdict = agreement.settle();  // the step's one wait for the device
+      const double loss = step_loss.item<double>();
       if (verdict.bad_rank >= 0) {
         skip_step(p, verdict.bad_rank, note);
         ++p.skipped;
@@ -580,31 +581,31 @@ std::string Trainer::measured_memory(const MemoryPlan& plan, int64_t steps) cons
 // Forward and backward over the step's micro-batches: all but the last accumulate gradients
 // locally (no_sync); the last one's backward reduces their sum across the ranks with the
 // agreement's flags riding along. Each loss is divided by the number of micro-batches, so the
-// gradient is that of their mean. Returns this rank's loss for the step (their mean).
-double Trainer::micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
-                            detail::StepAgreement& agreement, const detail::Update& update) {
+// gradient is that of their mean. Returns this rank's loss for the step (their mean, float64), where
+// the model is: nothing here waits for the device, so the host queues the backward while the
+// forward still runs (the agreement judges the loss there too).
+torch::Tensor Trainer::micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
+                                   detail::StepAgreement& agreement, const detail::Update& update) {
   const auto device = options_.device;
   const auto k = static_cast<double>(micro_batches.size());
-  double loss_sum = 0;
-  bool finite = true;
+  torch::Tensor loss_sum;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const Example& e = micro_batches[i];
     auto loss = forward_loss(device.is_cpu() ? e.inputs : e.inputs.to(device, /*non_blocking=*/true),
                              device.is_cpu() ? e.targets : e.targets.to(device, /*non_blocking=*/true))
                     .second;
-    const double value = loss.item<double>();
-    loss_sum += value;
-    finite = finite && std::isfinite(value);
+    const auto value = loss.detach().to(torch::kDouble);
+    loss_sum = loss_sum.defined() ? loss_sum + value : value;  // not finite iff some loss is not
     if (micro_batches.size() > 1) loss = loss / k;
     if (i + 1 < micro_batches.size()) {
       auto local = ddp.no_sync();
       ddp.backward(update.scale(loss));
     } else {
-      agreement.post(finite);
+      agreement.post(loss_sum);
       ddp.backward(update.scale(loss));
     }
   }
-  return loss_sum / k;
+  return micro_batches.size() > 1 ? loss_sum / k : loss_sum;
 }
 
 FitResult Trainer::stopped(FitResult result, const RunPosition& p, int signal,

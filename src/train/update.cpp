@@ -33,7 +33,7 @@ bool Update::apply() {
       if (clip_grad_norm_ > 0) zero_->clip_grad_norm(clip_grad_norm_);
       zero_->step();
     } else {
-      if (clip_grad_norm_ > 0) clip_grads_to(params_, std::sqrt(grad_squared_norm(params_).item<double>()), clip_grad_norm_);
+      if (clip_grad_norm_ > 0) clip_grads_to(params_, grad_squared_norm(params_), clip_grad_norm_);  // on the device
       optimizer_.step();
     }
   }
