@@ -4,8 +4,9 @@ DistributedDataParallel. Trains a small regression model on a fixed synthetic se
 the final parameters (JSON) and every rank prints what it was told (and writes it to OUT.rankR).
 
   python torchrun_ddp.py OUT.json [--nccl]   (under torchrun or `mpiddp launch`; --nccl: NCCL on cuda:LOCAL_RANK)
-  python torchrun_ddp.py OUT.json --reference RANKS
-      one process, no torch.distributed: the same steps with the global batch of RANKS ranks
+  python torchrun_ddp.py OUT.json --reference RANKS [--nccl]
+      one process, no torch.distributed: the same steps with the global batch of RANKS ranks (--nccl:
+      on cuda:0, so that a CUDA run is compared with CUDA arithmetic, not the CPU's)
       (DistributedSampler without shuffling gives step s the samples s*b*RANKS ... (s+1)*b*RANKS-1,
       and DDP's average of the ranks' mean gradients is the global batch's mean gradient).
 """
@@ -55,8 +56,9 @@ def main():
     out = sys.argv[1]
     if "--reference" in sys.argv:
         ranks = int(sys.argv[sys.argv.index("--reference") + 1])
-        net = model()
-        train(net, DataLoader(data(), batch_size=BATCH * ranks, shuffle=False))
+        device = "cuda:0" if "--nccl" in sys.argv else "cpu"
+        net = model().to(device)
+        train(net, DataLoader(data(), batch_size=BATCH * ranks, shuffle=False), device=device)
         save(net, out)
         return
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
