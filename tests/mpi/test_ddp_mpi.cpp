@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <optional>
 
 #include "mpi_test.hpp"
+#include "train/step_agreement.hpp"
 #include "test_models.hpp"
 
 using mpiddp::testing::on_all_ranks;
@@ -642,4 +644,25 @@ TEST(Ddp, TimelineHasEveryBucketAndBackward) {
     ADD_FAILURE() << e.what();
   }
   MPIDDP_EXPECT_ALL(ok);
+}
+
+// The step agreement (src/train/step_agreement.hpp) both ways it posts: straight into CPU float32
+// slots, or judged where the loss is (any other slots: float64 here, as a GPU's are on the device,
+// where posting must not wait for the forward). A NaN loss on one rank names that rank on every rank
+// after the slots' all-reduce (the gradient collective's mean); finite losses name none.
+TEST(StepAgreement, NamesTheRankWithABadLossEitherWay) {
+  auto& pg = mpiddp::testing::checked_group("mpi");
+  const int bad_rank = std::min(1, pg.size() - 1);
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    auto slots = torch::zeros({mpiddp::detail::StepAgreement::kSlots}, dtype);
+    mpiddp::detail::StepAgreement agreement(slots, pg);
+    for (const bool bad : {false, true, false}) {
+      const double loss = bad && pg.rank() == bad_rank ? std::numeric_limits<double>::quiet_NaN() : 2.5;
+      agreement.post(torch::tensor(loss, torch::kDouble));
+      pg.allreduce(slots, mpiddp::ReduceOp::kAvg);
+      const auto verdict = agreement.settle();
+      EXPECT_EQ(verdict.bad_rank, bad ? bad_rank : -1) << c10::toString(dtype) << (bad ? ", a NaN" : ", finite");
+      EXPECT_EQ(verdict.stop_signal, 0) << c10::toString(dtype);
+    }
+  }
 }

@@ -5,6 +5,8 @@
 #include <mpiddp/compat.hpp>
 #include <mpiddp/optim.hpp>
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -157,4 +159,37 @@ TEST(FusedAdam, KernelFoundWhereLibtorchHasOne) {
   EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kFloat, false));
   EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kFloat, true));
   EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kDouble, false));
+}
+
+// Global-norm clipping with the norm left on the device (the Trainer's, no host wait) is the host
+// rule exactly: the same factor, the same scaled gradients bitwise; within the bound, and with a
+// norm that is not finite, the gradients stay as they are (the host rule does not scale them).
+namespace {
+std::vector<torch::Tensor> parameters_with_gradients(double scale) {
+  torch::manual_seed(7);
+  std::vector<torch::Tensor> params;
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{33, 5}, {5}, {2, 3, 4}}) {
+    auto p = torch::zeros(shape, torch::requires_grad());
+    p.mutable_grad() = torch::randn(shape) * scale;
+    params.push_back(p);
+  }
+  return params;
+}
+}  // namespace
+
+TEST(Clipping, NormOnTheDeviceScalesAsTheHostRule) {
+  for (const double scale : {0.001, 1.0, 50.0}) {
+    auto host = parameters_with_gradients(scale), device = parameters_with_gradients(scale);
+    const double norm = mpiddp::clip_grads_to(host, std::sqrt(mpiddp::grad_squared_norm(host).item<double>()), 1.0);
+    const auto device_norm = mpiddp::clip_grads_to(device, mpiddp::grad_squared_norm(device), 1.0);
+    EXPECT_EQ(device_norm.item<double>(), norm) << "scale " << scale;
+    for (size_t i = 0; i < host.size(); ++i) {
+      EXPECT_TRUE(torch::equal(host[i].grad(), device[i].grad())) << "scale " << scale << ", parameter " << i;
+    }
+  }
+  auto params = parameters_with_gradients(1.0);
+  const auto before = params[0].grad().clone();
+  params[1].mutable_grad()[0] = std::numeric_limits<float>::quiet_NaN();
+  mpiddp::clip_grads_to(params, mpiddp::grad_squared_norm(params), 1.0);
+  EXPECT_TRUE(torch::equal(params[0].grad(), before)) << "a NaN norm must leave the gradients unscaled";
 }
