@@ -28,6 +28,13 @@ std::set<ActivityType> profiled_activities(bool cuda) {
   return a;
 }
 
+// Kineto must be prepared before each session: a session uses its preparation up (a second
+// enableProfiler without one crashed libkineto at the session's end, on CUDA).
+void start_session(bool cuda) {
+  kineto::prepareProfiler(ProfilerConfig(ProfilerState::KINETO), profiled_activities(cuda));
+  kineto::enableProfiler(ProfilerConfig(ProfilerState::KINETO), profiled_activities(cuda));
+}
+
 }  // namespace
 
 StepProfiler::StepProfiler(const TrainerOptions& options, int rank)
@@ -42,8 +49,7 @@ StepProfiler::StepProfiler(const TrainerOptions& options, int rank)
   const auto scratch = std::filesystem::temp_directory_path() /
                        ("mpiddp-profile-probe-" + std::to_string(::getpid()) + ".json");
   try {
-    kineto::prepareProfiler(ProfilerConfig(ProfilerState::KINETO), profiled_activities(cuda_));
-    kineto::enableProfiler(ProfilerConfig(ProfilerState::KINETO), profiled_activities(cuda_));
+    start_session(cuda_);
     kineto::disableProfiler()->save(scratch.string());
     std::filesystem::remove(scratch);
   } catch (const std::exception& e) {
@@ -63,8 +69,7 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::before_step(int64_t steps_done) {
   if (path_.empty() || on_ || steps_done < first_ || steps_done >= end_) return;
-  kineto::prepareProfiler(ProfilerConfig(ProfilerState::KINETO), profiled_activities(cuda_));  // each session's
-  kineto::enableProfiler(ProfilerConfig(ProfilerState::KINETO), profiled_activities(cuda_));
+  start_session(cuda_);
   on_ = true;
 }
 
