@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mpiddp {
 
@@ -34,8 +35,9 @@ struct MemoryPlan {
   int64_t peak() const { return process + parameters + gradients + optimizer_state + activations + snapshot_buffers; }
   /// "memory plan per rank: peak 812 MiB = process 210 + parameters 41 + ...".
   std::string describe() const;
-  /// "memory: measured peak 830 MiB per rank (rank 1) after 3 steps, 1.02 x the plan's 812 MiB".
-  std::string against(int64_t measured_peak, int rank, int64_t steps) const;
+  /// Each rank's measured peak (by rank) against the plan: "memory: measured peak 830 MiB per rank
+  /// (rank 1; the least 801, rank 0) after 3 steps, 1.02 x the plan's 812 MiB".
+  std::string against(const std::vector<int64_t>& rank_peaks, int64_t steps) const;
 };
 
 /// This process's resident memory now and its high-water mark (Linux: /proc/self/status VmRSS,

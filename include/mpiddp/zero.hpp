@@ -106,8 +106,9 @@ class ZeroOptimizer {
   int64_t owned_numel() const;
 
   /// Scales the gradient so that its global L2 norm (the shards' squared norms summed over the
-  /// ranks) is at most `max_norm`, by clip_grad_norm_'s rule; returns the norm before. Collective.
-  double clip_grad_norm(double max_norm);
+  /// ranks) is at most `max_norm`, by clip_grad_norm_'s rule; returns the norm before (a float64
+  /// 0-dim tensor on the gradients' device: reading it waits for them). Collective.
+  torch::Tensor clip_grad_norm(double max_norm);
   /// The optimizer's step on this rank's shards with the given optimizer's current
   /// hyperparameters, then every bucket's parameters all-gathered. Collective.
   void step();

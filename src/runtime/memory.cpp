@@ -57,12 +57,16 @@ std::string MemoryPlan::describe() const {
   return out.str();
 }
 
-std::string MemoryPlan::against(int64_t measured_peak, int rank, int64_t steps) const {
+std::string MemoryPlan::against(const std::vector<int64_t>& rank_peaks, int64_t steps) const {
+  const auto top = std::max_element(rank_peaks.begin(), rank_peaks.end());
+  const auto least = std::min_element(rank_peaks.begin(), rank_peaks.end());
   char ratio[32];
-  std::snprintf(ratio, sizeof ratio, "%.2f", static_cast<double>(measured_peak) / static_cast<double>(std::max<int64_t>(1, peak())));
+  std::snprintf(ratio, sizeof ratio, "%.2f", static_cast<double>(*top) / static_cast<double>(std::max<int64_t>(1, peak())));
   std::ostringstream out;
-  out << "memory: measured peak " << mib(measured_peak) << " MiB per rank (rank " << rank << ") after " << steps
-      << (steps == 1 ? " step" : " steps") << ", " << ratio << " x the plan's " << mib(peak()) << " MiB";
+  out << "memory: measured peak " << mib(*top) << " MiB per rank (rank " << top - rank_peaks.begin();
+  if (rank_peaks.size() > 1) out << "; the least " << mib(*least) << ", rank " << least - rank_peaks.begin();
+  out << ") after " << steps << (steps == 1 ? " step" : " steps") << ", " << ratio << " x the plan's " << mib(peak())
+      << " MiB";
   return out.str();
 }
 

@@ -573,9 +573,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
 }
 
 std::string Trainer::measured_memory(const MemoryPlan& plan, int64_t steps) const {
-  const auto peaks = allgather_int64(runtime_.world(), {peak_resident_bytes()});
-  const auto top = std::max_element(peaks.begin(), peaks.end());
-  return plan.against(*top, static_cast<int>(top - peaks.begin()), steps);
+  return plan.against(allgather_int64(runtime_.world(), {peak_resident_bytes()}), steps);
 }
 
 // Forward and backward over the step's micro-batches: all but the last accumulate gradients

@@ -4,7 +4,6 @@
 #include <mpiddp/zero.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <functional>
 #include <map>
 
@@ -130,13 +129,13 @@ void ZeroOptimizer::take_state() {
   outer_.state().clear();
 }
 
-double ZeroOptimizer::clip_grad_norm(double max_norm) {
+torch::Tensor ZeroOptimizer::clip_grad_norm(double max_norm) {
   // The shards' squared norms summed over the ranks: the global norm DDP's whole gradients give.
   const auto& params = ddp_.parameters();
   const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   auto squares = grad_squared_norm(shards_).to(device).reshape({1});  // on the group's device
   pg_.allreduce(squares, ReduceOp::kSum);
-  return clip_grads_to(shards_, std::sqrt(squares.cpu().item<double>()), max_norm);
+  return clip_grads_to(shards_, squares.reshape({}), max_norm);  // the host does not wait for it
 }
 
 void ZeroOptimizer::step() {
