@@ -3,8 +3,9 @@
 span (first kernel's start to last kernel's end), the time some kernel, copy or memset ran (busy)
 and the rest (idle: the GPU waited for the host), the kernels' time by kind, and the host's waits
 for the device (synchronisations and device-to-host copies: CUDA runtime calls that block).
+Then each trace's kernels with the most time per step, by name (TOP of them, default 12).
 
-usage: python3 bench/profile_summary.py STEPS LABEL=TRACE [LABEL=TRACE ...]
+usage: python3 bench/profile_summary.py [--top TOP] STEPS LABEL=TRACE [LABEL=TRACE ...]
        (STEPS: the steps the window holds, --profile-steps)
 Prints a Markdown table, one column per trace.
 """
@@ -58,6 +59,12 @@ def summarise(path, steps):
         k = "copies, memsets" if e["cat"] != "kernel" else kind_of(e["name"])
         kinds[k] = kinds.get(k, 0.0) + e["dur"] / steps
     row["kinds"] = kinds
+    by_name = {}
+    for e in device:
+        if e["cat"] == "kernel":
+            calls, total = by_name.get(e["name"], (0, 0.0))
+            by_name[e["name"]] = (calls + 1, total + e["dur"])
+    row["by name"] = sorted(((t / steps, c / steps, n) for n, (c, t) in by_name.items()), reverse=True)
     row["kernels"] = sum(1 for e in device if e["cat"] == "kernel") / steps
     blocking = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and BLOCKING.search(e["name"])]
     row["host waits"] = sum(e["dur"] for e in blocking) / steps
@@ -66,8 +73,12 @@ def summarise(path, steps):
 
 
 def main():
-    steps = int(sys.argv[1])
-    columns = [(a.split("=", 1)[0], summarise(a.split("=", 1)[1], steps)) for a in sys.argv[2:]]
+    args = sys.argv[1:]
+    top = 12
+    if args[:1] == ["--top"]:
+        top, args = int(args[1]), args[2:]
+    steps = int(args[0])
+    columns = [(a.split("=", 1)[0], summarise(a.split("=", 1)[1], steps)) for a in args[1:]]
     print("| per step, ms | " + " | ".join(label for label, _ in columns) + " |")
     print("|---|" + "---|" * len(columns))
 
@@ -84,6 +95,11 @@ def main():
     line("kernels launched", lambda r: f"{r.get('kernels', 0):.0f}")
     line("host blocked on the GPU", lambda r: ms(r.get("host waits", 0)))
     line("blocking CUDA calls", lambda r: f"{r.get('blocking calls', 0):.1f}")
+    for label, r in columns:
+        print(f"\n{label}: the {top} kernels with the most time per step\n")
+        print("| ms per step | calls per step | kind | kernel |\n|---|---|---|---|")
+        for t, calls, name in r.get("by name", [])[:top]:
+            print(f"| {t / 1000:.2f} | {calls:.0f} | {kind_of(name)} | {name[:110].replace('|', '/')} |")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@
 # runs the same deps, build and test steps with GPU cases skipping instead of failing; every check
 # that needs a GPU is reported SKIP, never PASS (the gpu entries are run there only to see each of
 # them fail without a GPU). On a GPU machine only the GPU steps are then new.
-# Writes into OUT_DIR seven files: profile.md, summary.txt (one line per check: PASS/FAIL), gpu.log (everything),
+# Writes into OUT_DIR eight files: profile.md, loss_kernels.jsonl, summary.txt (one line per check: PASS/FAIL), gpu.log (everything),
 # tests.log (CTest: the suite, then the gpu entries), figures.jsonl and figures.md, logs.tgz (every other log); data, models and
 # snapshots go to GPU_WORK (default /tmp/mpiddp-gpu). Exit status non-zero if any check failed.
 set -uo pipefail
@@ -442,7 +442,7 @@ if has profile; then
     kill "$sampler" 2>/dev/null
     echo "$who: GPU memory used, peak $(sort -n "$logs/profile.$who.memory" | tail -n 1) MiB" | tee -a "$out/profile.md"
   done
-  $py bench/profile_summary.py 3 mpiddp="$logs/profile.mpiddp.rank0.json" python="$logs/profile.python.rank0.json" |
+  $py bench/profile_summary.py --top 15 3 mpiddp="$logs/profile.mpiddp.rank0.json" python="$logs/profile.python.rank0.json" |
     tee -a "$out/profile.md"
   $py -c 'import json, sys
 for x in map(json.loads, open(sys.argv[1])):
@@ -450,6 +450,9 @@ for x in map(json.loads, open(sys.argv[1])):
     "$logs/profile.mpiddp.jsonl" | tr '\n' ' ' | sed 's/^/mpiddp tokens\/s by step: /' | tee -a "$out/profile.md"
   echo | tee -a "$out/profile.md"
   gzip -f "$logs"/profile.*.rank*.json
+  # The loss three ways at the same shape (bench/loss_kernels.py): what a bfloat16 loss would save.
+  $py bench/loss_kernels.py | tee "$out/loss_kernels.jsonl"
+  run_check "profile: the loss three ways timed" [ -s "$out/loss_kernels.jsonl" ]
 fi
 
 tar czf "$out/logs.tgz" -C "$work" logs

@@ -94,6 +94,12 @@ void use_classic_tcp_store(TCPStoreOptions& options) {
 #define MPIDDP_HAS_SDPA 0
 #endif
 
+/// Whether libtorch has the multi-tensor kernels gradient clipping uses on CUDA (a handful of
+/// kernels for the whole model instead of a few per parameter, as PyTorch's clip_grad_norm_):
+/// at::_foreach_norm with a result dtype and at::_foreach_mul_ by a 0-dim tensor (2.x; 1.13 has
+/// neither, and a tensor there converts silently to a one-tensor list).
+#define MPIDDP_HAS_FOREACH_CLIPPING MPIDDP_TORCH_VERSION_AT_LEAST(2, 4)
+
 /// Autocast's per-device switches. libtorch 2.4 made them one API keyed by device type and
 /// deprecated the per-device functions (is_cpu_enabled, set_autocast_gpu_dtype, ...) that 1.x has;
 /// both are declared in the same header, so the version decides which is called.

@@ -1,12 +1,20 @@
 // The nccl backend: CUDA tensors over an NCCL communicator that MPI bootstraps (rank 0's
 // ncclUniqueId travels by MPI_Bcast; no store, no environment variables). Collectives run on the
 // group's own non-blocking CUDA stream, ordered after the default stream's work by an event; a
-// handle completes when its event has fired; a timed event before it gives the collective's GPU
-// time (device_seconds()). Raw CUDA streams and events keep this file free of libtorch's CUDA API,
-// so it compiles against a CPU-only libtorch.
+// handle completes when its event has fired, or at once under wait_on_device(), which makes the
+// default stream wait for the event instead of the host (DeviceCompletions watches it from then
+// on); a timed event before it gives the collective's GPU time (device_seconds()). Raw CUDA streams
+// and events keep this file free of libtorch's CUDA API, so it compiles against a CPU-only libtorch.
 #include <mpiddp/error.hpp>
 
+#include <mpiddp/runtime.hpp>
+
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "comm/backend_factories.hpp"
 #include "comm/work.hpp"
@@ -38,21 +46,113 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Adds the GPU time between two fired events to `*total`. A measurement, not a result: an error
+// here leaves the total as it was.
+void add_elapsed(cudaEvent_t started, cudaEvent_t done, std::atomic<int64_t>* total) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, started, done) == cudaSuccess) {
+    total->fetch_add(static_cast<int64_t>(static_cast<double>(ms) * 1e6));
+  } else {
+    cudaGetLastError();
+  }
+}
+
+// The collectives handed to the device by wait_on_device(): the host no longer waits for them, so
+// a thread does. It polls their done events every millisecond while any is pending, adds each
+// one's GPU time once it fires and frees its events; until then a BlockingCall holds the
+// collective's deadline, so one that never completes (a rank stopped or died, or NCCL failed) ends
+// the job with one line at the timeout, as a blocked host call does.
+class DeviceCompletions {
+ public:
+  DeviceCompletions(int device, std::chrono::milliseconds timeout, std::atomic<int64_t>* device_ns)
+      : device_(device), timeout_(timeout), device_ns_(device_ns) {}
+  ~DeviceCompletions() {
+    // The group is going (its communicator next): what is pending must finish first, under its
+    // watch. Then the thread stops.
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      for (auto& p : pending_) cudaEventSynchronize(p.done);
+      reap(lock);
+      stopping_ = true;
+    }
+    woken_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  /// Takes the events of a collective whose completion the device now waits for.
+  void add(cudaEvent_t started, cudaEvent_t done, const std::string& what) {
+    auto watch = std::make_unique<BlockingCall>(what + " on the GPU", timeout_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    pending_.push_back({started, done, std::move(watch)});
+    woken_.notify_one();
+  }
+
+  /// Frees what has completed (device_seconds() reads the total after this).
+  void reap() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    reap(lock);
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t started;
+    cudaEvent_t done;
+    std::unique_ptr<BlockingCall> watch;
+  };
+
+  void reap(std::unique_lock<std::mutex>&) {
+    // In launch order, on one stream: the first not fired ends the pass.
+    while (!pending_.empty() && cudaEventQuery(pending_.front().done) == cudaSuccess) {
+      auto& p = pending_.front();
+      add_elapsed(p.started, p.done, device_ns_);
+      cudaEventDestroy(p.started);
+      cudaEventDestroy(p.done);
+      pending_.pop_front();
+    }
+    cudaGetLastError();  // a cudaErrorNotReady from the query is not an error of the host's next call
+  }
+
+  void run() {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      if (pending_.empty()) {
+        woken_.wait(lock);
+        continue;
+      }
+      reap(lock);
+      woken_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+  }
+
+  int device_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<int64_t>* device_ns_;
+  std::mutex mutex_;
+  std::condition_variable woken_;
+  std::deque<Pending> pending_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
 class NcclWork : public PollingWork {
  public:
   /// `started` and `done` bracket the collective on the group's stream; their span is added to
-  /// `*device_ns` on completion.
+  /// `*device_ns` on completion; `completions` takes them when the device waits instead of the host.
   NcclWork(const ProcessGroup::Call& call, std::chrono::milliseconds timeout, ncclComm_t comm, cudaEvent_t started,
-           cudaEvent_t done, std::atomic<int64_t>* device_ns, std::vector<torch::Tensor> keep)
+           cudaEvent_t done, std::atomic<int64_t>* device_ns, DeviceCompletions* completions,
+           std::vector<torch::Tensor> keep)
       : PollingWork(call, timeout, std::move(keep)),
         comm_(comm),
         started_event_(started),
         done_event_(done),
-        device_ns_(device_ns) {}
+        device_ns_(device_ns),
+        completions_(completions) {}
   ~NcclWork() override {
     settle();
-    cudaEventDestroy(started_event_);
-    cudaEventDestroy(done_event_);
+    if (started_event_) cudaEventDestroy(started_event_);
+    if (done_event_) cudaEventDestroy(done_event_);
   }
 
  protected:
@@ -61,12 +161,7 @@ class NcclWork : public PollingWork {
     if (q == cudaSuccess) {
       // Later work on the default stream must see the results.
       MPIDDP_CHECK_CUDA(cudaStreamWaitEvent(0, done_event_, 0));
-      float ms = 0;  // a measurement, not a result: an error here leaves the total as it was
-      if (cudaEventElapsedTime(&ms, started_event_, done_event_) == cudaSuccess) {
-        device_ns_->fetch_add(static_cast<int64_t>(static_cast<double>(ms) * 1e6));
-      } else {
-        cudaGetLastError();
-      }
+      add_elapsed(started_event_, done_event_, device_ns_);
       return true;
     }
     MPIDDP_CHECK(q == cudaErrorNotReady, std::string("CUDA error while waiting for ") + what() + ": " +
@@ -83,11 +178,22 @@ class NcclWork : public PollingWork {
     ncclCommAbort(comm_);
   }
 
+  bool hand_to_device() override {
+    if (call().kind == Collective::kBarrier) return false;  // a barrier holds the host
+    // Work the host queues next on the default stream starts after the collective; the buffers it
+    // used may be freed now, as the caching allocator hands their memory only to that stream's later work.
+    MPIDDP_CHECK_CUDA(cudaStreamWaitEvent(0, done_event_, 0));
+    completions_->add(started_event_, done_event_, what());
+    started_event_ = done_event_ = nullptr;  // the completions' now
+    return true;
+  }
+
  private:
   ncclComm_t comm_;
   cudaEvent_t started_event_;
   cudaEvent_t done_event_;
   std::atomic<int64_t>* device_ns_;
+  DeviceCompletions* completions_;
 };
 
 class NcclProcessGroup : public ProcessGroup {
@@ -114,9 +220,11 @@ class NcclProcessGroup : public ProcessGroup {
     MPIDDP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     MPIDDP_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     MPIDDP_CHECK_CUDA(cudaMalloc(&barrier_buf_, sizeof(float)));
+    completions_ = std::make_unique<DeviceCompletions>(device_.index(), options.timeout, &device_ns_);
   }
 
   ~NcclProcessGroup() override {
+    completions_.reset();  // before the communicator: what it still runs completes first
     if (barrier_buf_) cudaFree(barrier_buf_);
     if (ready_) cudaEventDestroy(ready_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -124,7 +232,10 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "nccl"; }
-  std::optional<double> device_seconds() const override { return static_cast<double>(device_ns_.load()) * 1e-9; }
+  std::optional<double> device_seconds() const override {
+    completions_->reap();
+    return static_cast<double>(device_ns_.load()) * 1e-9;
+  }
   bool averages_natively() const override { return true; }  // ncclAvg
 
  protected:
@@ -186,7 +297,8 @@ class NcclProcessGroup : public ProcessGroup {
     cudaEvent_t done = nullptr;
     MPIDDP_CHECK_CUDA(cudaEventCreate(&done));
     MPIDDP_CHECK_CUDA(cudaEventRecord(done, stream_));
-    return std::make_unique<NcclWork>(c, options().timeout, comm_, started, done, &device_ns_, std::move(keep));
+    return std::make_unique<NcclWork>(c, options().timeout, comm_, started, done, &device_ns_, completions_.get(),
+                                      std::move(keep));
   }
 
  private:
@@ -196,6 +308,7 @@ class NcclProcessGroup : public ProcessGroup {
   cudaEvent_t ready_ = nullptr;
   void* barrier_buf_ = nullptr;
   std::atomic<int64_t> device_ns_{0};  ///< GPU time of the completed collectives
+  std::unique_ptr<DeviceCompletions> completions_;
 };
 
 }  // namespace

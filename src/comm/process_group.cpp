@@ -125,15 +125,34 @@ bool PollingWork::test() {
   if (completed_) return true;
   try {
     if (!poll()) return false;
-    if (finish_) finish_();
+    complete();
   } catch (...) {
     failure_ = std::current_exception();
     throw;
   }
+  return true;
+}
+
+void PollingWork::complete() {
+  if (finish_) finish_();
   completed_ = true;
   keep_.clear();
   if (call_.stall) call_.stall->on_done(site_);
-  return true;
+}
+
+void PollingWork::wait_on_device() {
+  if (failure_) std::rethrow_exception(failure_);
+  if (completed_) return;
+  try {
+    if (hand_to_device()) {
+      complete();
+      return;
+    }
+  } catch (...) {
+    failure_ = std::current_exception();
+    throw;
+  }
+  wait();
 }
 
 void PollingWork::wait() {
@@ -354,6 +373,15 @@ class CheckedWork : public detail::PollingWork {
     return p_->inner && p_->inner->test();
   }
   std::string who_is_missing() override { return checker_->missing(*p_); }
+  bool hand_to_device() override {
+    // Once every rank's descriptor is in and the collective launched, the backend's handle takes
+    // the device's wait; until then the host's (the exchange is the host's to drive).
+    checker_->progress();
+    if (p_->error) std::rethrow_exception(p_->error);
+    if (!p_->inner) return false;
+    p_->inner->wait_on_device();
+    return true;
+  }
 
  private:
   std::shared_ptr<ProcessGroup::Checker> checker_;
@@ -471,6 +499,10 @@ class AveragingWork : public Work {
   }
   void wait() override {
     sum_->wait();
+    if (!done_) divide();
+  }
+  void wait_on_device() override {  // the division is the device's next work
+    sum_->wait_on_device();
     if (!done_) divide();
   }
 

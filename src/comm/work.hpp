@@ -28,6 +28,7 @@ class PollingWork : public Work {
   PollingWork& operator=(const PollingWork&) = delete;
   bool test() final;
   void wait() final;
+  void wait_on_device() final;
 
  protected:
   /// True once the backend's transfer is complete; throws if it failed.
@@ -36,13 +37,18 @@ class PollingWork : public Work {
   virtual std::string who_is_missing();
   /// Called once before the timeout error is thrown (NCCL aborts its communicator here).
   virtual void on_timeout() {}
+  /// wait_on_device()'s backend part: orders the device's later work after the collective and
+  /// takes over watching its deadline; true when it did (the handle is then complete).
+  virtual bool hand_to_device() { return false; }
   /// For destructors: waits for a collective still in flight; if that fails, reports and aborts
   /// the job (destructors cannot throw, and the buffers must not be freed under the transfer).
   void settle() noexcept;
 
   std::string what() const { return call_.describe(); }
+  const ProcessGroup::Call& call() const { return call_; }
 
  private:
+  void complete();  ///< the finishing step, the kept buffers released, the stall monitor told
   ProcessGroup::Call call_;
   WaitSite site_;  ///< call_ as its stall monitor knows it
   std::chrono::milliseconds timeout_;

@@ -538,7 +538,7 @@ void DistributedDataParallel::bound_transient_buffers() {
   for (size_t k = next_to_launch_; k-- > 0;) {
     Bucket& b = *buckets_[k];
     if (b.keeps_buffer || !b.flat.defined() || ++live <= kTransientBuffersInFlight) continue;
-    b.work->wait();
+    b.work->wait_on_device();
     if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
     sent(b);
   }
@@ -588,7 +588,9 @@ void DistributedDataParallel::finish_reduction() {
     launch_ready_buckets(true);
     for (size_t k = 0; k < buckets_.size(); ++k) {
       Bucket& b = *buckets_[k];
-      if (b.work) b.work->wait();  // none once a transient buffer was dropped with it
+      // None once a transient buffer was dropped with it. On a GPU the host does not wait: the
+      // optimizer's kernels queue behind the collective (nccl).
+      if (b.work) b.work->wait_on_device();
       if (b.completed == Timeline::Clock::time_point{}) b.completed = Timeline::Clock::now();
       if (timeline_->enabled()) {
         timeline_->span(b.reduction->name() + " bucket " + std::to_string(k), "comm", b.launched, b.completed);

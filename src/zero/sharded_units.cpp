@@ -195,7 +195,7 @@ void ShardedUnits::gather(size_t unit) {
     for (size_t b : buckets_of_unit_[u]) {
       auto& work = buckets_[b].gathering;
       if (!work) continue;
-      work->wait();
+      work->wait_on_device();  // the unit's forward or backward kernels queue behind it
       work.reset();
     }
   }
@@ -211,7 +211,7 @@ void ShardedUnits::release(size_t unit) {
     auto& bucket = buckets_[b];
     if (!bucket.live) continue;
     if (bucket.gathering) {
-      bucket.gathering->wait();
+      bucket.gathering->wait_on_device();
       bucket.gathering.reset();
     }
     take_bytes(bucket.full);

@@ -134,7 +134,7 @@ torch::Tensor ZeroOptimizer::clip_grad_norm(double max_norm) {
   const auto& params = ddp_.parameters();
   const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   auto squares = grad_squared_norm(shards_).to(device).reshape({1});  // on the group's device
-  pg_.allreduce(squares, ReduceOp::kSum);
+  pg_.allreduce_async(squares, squares, ReduceOp::kSum)->wait_on_device();
   return clip_grads_to(shards_, squares.reshape({}), max_norm);  // the host does not wait for it
 }
 
@@ -161,7 +161,7 @@ void ZeroOptimizer::step() {
     for_each_in_slice(b, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t numel) {
       flat.narrow(0, in_bucket, numel).copy_(params[i].detach().view(-1).narrow(0, in_param, numel));
     });
-    pg_.allgather(flat.narrow(0, lo, hi - lo), flat);
+    pg_.allgather_async(flat.narrow(0, lo, hi - lo), flat)->wait_on_device();  // copied out on the device
     for (size_t s = 0; s < layout.params.size(); ++s) {  // the elements other ranks own
       const auto& p = params[layout.params[s]];
       const int64_t begin = layout.offsets[s], end = begin + p.numel();

@@ -1,10 +1,15 @@
 // Every collective x backend x dtype x op, in place and out of place, at odd counts, against
 // values each rank computes by formula. Runs at 1..4 ranks; groups run in check mode.
 #include <mpiddp/process_group.hpp>
+#include <mpiddp/config.hpp>
 
 #include <torch/torch.h>
 
 #include <map>
+#if MPIDDP_HAS_NCCL
+#include <cuda_runtime_api.h>
+#include <torch/cuda.h>
+#endif
 #include <sstream>
 #include <tuple>
 
@@ -59,10 +64,12 @@ int64_t count_wrong(const torch::Tensor& got, const std::vector<double>& expecte
 
 mpiddp::ProcessGroup& group(const std::string& backend) { return mpiddp::testing::checked_group(backend); }
 
-// Runs one collective; returns the number of wrong elements on this rank.
+// Runs one collective, ended by wait() or by wait_on_device() (nccl: the device waits, not the
+// host, and the check's read queues behind it); returns the number of wrong elements on this rank.
 int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtype, ReduceOp op, bool in_place,
-                 int64_t count, c10::Device dev = c10::kCPU) {
+                 int64_t count, c10::Device dev = c10::kCPU, bool on_device = false) {
   const int r = pg.rank(), n = pg.size();
+  auto end = [on_device](const mpiddp::WorkHandle& work) { on_device ? work->wait_on_device() : work->wait(); };
   auto filled = [&](int rank, int64_t k, c10::ScalarType t) { return ::filled(rank, k, t).to(dev); };
   auto full = [&](int64_t k, double value, c10::ScalarType t) {
     return torch::full({k}, value, torch::TensorOptions().dtype(t).device(dev));
@@ -74,7 +81,7 @@ int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtyp
     case Collective::kAllreduce:
       in = filled(r, count, dtype);
       out = in_place ? in : full(count, -7, dtype);
-      pg.allreduce_async(in, out, op)->wait();
+      end(pg.allreduce_async(in, out, op));
       for (int64_t i = 0; i < count; ++i) expected.push_back(reduce_ref(op, n, i));
       return count_wrong(out, expected, tol);
     case Collective::kBroadcast: {
@@ -82,7 +89,7 @@ int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtyp
       for (int root : {0, n - 1}) {
         in = r == root ? filled(r, count, dtype) : full(count, -7, dtype);
         out = in_place ? in : full(count, -9, dtype);
-        pg.broadcast_async(in, out, root)->wait();
+        end(pg.broadcast_async(in, out, root));
         expected.clear();
         for (int64_t i = 0; i < count; ++i) expected.push_back(v(root, i));
         wrong += count_wrong(out, expected, 0.0);
@@ -97,7 +104,7 @@ int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtyp
       } else {
         in = filled(r, count, dtype);
       }
-      pg.allgather_async(in, out)->wait();
+      end(pg.allgather_async(in, out));
       for (int q = 0; q < n; ++q) {
         for (int64_t i = 0; i < count; ++i) expected.push_back(v(q, i));
       }
@@ -105,13 +112,13 @@ int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtyp
     case Collective::kReduceScatter:
       in = filled(r, n * count, dtype);
       out = in_place ? in.narrow(0, r * count, count) : full(count, -7, dtype);
-      pg.reduce_scatter_async(in, out, op)->wait();
+      end(pg.reduce_scatter_async(in, out, op));
       for (int64_t i = 0; i < count; ++i) expected.push_back(reduce_ref(op, n, r * count + i));
       return count_wrong(out, expected, tol);
     case Collective::kAlltoall:
       in = filled(r, n * count, dtype);
       out = in_place ? in : full(n * count, -7, dtype);
-      pg.alltoall_async(in, out)->wait();
+      end(pg.alltoall_async(in, out));
       for (int s = 0; s < n; ++s) {
         for (int64_t i = 0; i < count; ++i) expected.push_back(v(s, r * count + i));
       }
@@ -206,7 +213,7 @@ TEST_P(CollectiveTest, MatchesFormula) {
     int64_t wrong = -1;
     std::string error;
     try {
-      wrong = run_case(pg, kind, dtype, op, in_place, count, dev);
+      wrong = run_case(pg, kind, dtype, op, in_place, count, dev, /*on_device=*/count == 1031);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -386,4 +393,35 @@ TEST(CommTiming, NcclMeasuresGpuTimeTheOthersSayNone) {
   pg.allreduce(t);
   const double after = pg.device_seconds().value_or(-1);
   MPIDDP_EXPECT_ALL(before >= 0 && after > before) << before << " s, then " << after << " s";
+}
+
+// wait_on_device() on the nccl group orders the stream, not the host: it returns while the GPU still
+// runs what was queued before the collective, the handle then counts as complete, what the device
+// reads next sees the sum, and the collective's GPU time is counted once it has run.
+TEST(CommTiming, NcclWaitOnDeviceLeavesTheHostFree) {
+  if (!mpiddp::testing::nccl_built()) GTEST_SKIP() << "nccl is not built";
+  if (!nccl_usable()) {
+    if (nccl_required()) FAIL() << "MPIDDP_REQUIRE_GPU=1 but the nccl backend is unusable";
+    GTEST_SKIP() << "nccl needs one GPU per rank and a CUDA libtorch";
+  }
+#if MPIDDP_HAS_NCCL
+  auto& pg = group("nccl");
+  const auto options = torch::TensorOptions().device(runtime().device());
+  torch::cuda::synchronize();
+  const double before = pg.device_seconds().value_or(-1);
+  auto busy = torch::randn({4096, 4096}, options);
+  for (int i = 0; i < 40; ++i) busy = torch::matmul(busy, busy).div_(64);  // ~0.1 s of an H100's float32
+  auto t = torch::ones({1 << 20}, options);
+  auto work = pg.allreduce_async(t, t, ReduceOp::kSum);
+  work->wait_on_device();
+  const bool host_went_on = cudaStreamQuery(nullptr) == cudaErrorNotReady;
+  EXPECT_TRUE(host_went_on) << "wait_on_device() returned after the device had finished its queue";
+  EXPECT_TRUE(work->test());
+  const auto sum = t.cpu();  // queued behind the collective
+  EXPECT_TRUE(torch::equal(sum, torch::full({1 << 20}, static_cast<float>(pg.size()))));
+  torch::cuda::synchronize();
+  const double after = pg.device_seconds().value_or(-1);
+  EXPECT_GT(after, before);
+  MPIDDP_EXPECT_ALL(host_went_on && after > before);
+#endif
 }
