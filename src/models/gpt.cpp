@@ -1,4 +1,5 @@
 // The built-in GPT (see include/mpiddp/gpt.hpp): nanoGPT's model.py, module by module.
+#include <mpiddp/allocator.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/gpt.hpp>
@@ -133,6 +134,10 @@ struct TransformerImpl : nn::Module {
     }
     ln_f = register_module("ln_f", LayerNorm(c.n_embd, c.bias));
     defer_parameters(*ln_f);
+    // The parts' tensors as built are freed for good: under the training thresholds (allocator.hpp)
+    // malloc would keep them resident (36 blocks of GPT-2's width: ~370 MiB a rank, until the units'
+    // initialisation trimmed them), and the memory plan would read them as the process's own.
+    release_free_memory();
   }
   static void defer_parameters(const nn::Module& m) {
     for (const auto& p : m.parameters(/*recurse=*/true)) defer(p);

@@ -53,7 +53,7 @@ Result run(bool checkpointed, bool dropout = true) {
   return r;
 }
 
-mpiddp::GptConfig small() {
+mpiddp::GptConfig dropout_gpt() {
   mpiddp::GptConfig c;
   c.n_layer = 3;
   c.n_head = 2;
@@ -67,7 +67,7 @@ mpiddp::GptConfig small() {
 // The GPT's loss and its gradients after one backward, blocks checkpointed or not.
 std::vector<torch::Tensor> gpt_gradients(bool checkpointed, c10::ScalarType precision) {
   torch::manual_seed(5);
-  mpiddp::Gpt gpt(small());
+  mpiddp::Gpt gpt(dropout_gpt());
   gpt->set_activation_checkpointing(checkpointed);
   auto tokens = torch::randint(0, 29, {4, 9}, torch::kLong);
   torch::manual_seed(6);
@@ -137,7 +137,7 @@ TEST(Checkpoint, GptBlocksCheckpointedEqualThePlainGpt) {
   }
   // Evaluation is unchanged too (no gradient mode: the blocks run plainly).
   torch::manual_seed(5);
-  mpiddp::Gpt gpt(small());
+  mpiddp::Gpt gpt(dropout_gpt());
   gpt->eval();
   auto tokens = torch::randint(0, 29, {2, 8}, torch::kLong);
   torch::NoGradGuard no_grad;
@@ -152,7 +152,7 @@ TEST(Checkpoint, ModelsThatCannotBeSplitRefuseInOneLine) {
   EXPECT_NE(e.find("activation checkpointing: the model (linear) cannot be split into blocks"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos);
   EXPECT_EQ(error_of([&] { mlp->set_activation_checkpointing(false); }), "");
-  auto gpt = mpiddp::wrap_module(mpiddp::Gpt(small()), "gpt");
+  auto gpt = mpiddp::wrap_module(mpiddp::Gpt(dropout_gpt()), "gpt");
   EXPECT_EQ(error_of([&] { gpt->set_activation_checkpointing(true); }), "");
   EXPECT_TRUE(std::dynamic_pointer_cast<mpiddp::GptImpl>(gpt->module())->activation_checkpointing());
 }

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include "scoped.hpp"
 
 namespace fs = std::filesystem;
 using mpiddp::Snapshot;
@@ -18,19 +19,7 @@ using mpiddp::testing::error_of;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char name[] = "/tmp/mpiddp-ckpt-XXXXXX";
-    path_ = mkdtemp(name);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& f) const { return (fs::path(path_) / f).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using mpiddp::testing::TempDir;
 
 Snapshot sample() {
   torch::manual_seed(3);

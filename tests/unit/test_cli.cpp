@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "app/cli.hpp"
+#include "scoped.hpp"
 
 namespace po = boost::program_options;
 using mpiddp::app::parse_options;
@@ -19,11 +20,7 @@ po::options_description demo_options() {
   return d;
 }
 
-struct EnvGuard {
-  std::string name;
-  EnvGuard(const std::string& n, const std::string& v) : name(n) { setenv(n.c_str(), v.c_str(), 1); }
-  ~EnvGuard() { unsetenv(name.c_str()); }
-};
+using mpiddp::testing::EnvGuard;
 
 std::string write_config(const std::string& text) {
   std::string path = ::testing::TempDir() + "mpiddp_cli_test.cfg";

@@ -4,13 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include "scoped.hpp"
 
 namespace {
-struct EnvGuard {
-  std::string name;
-  EnvGuard(const std::string& n, const std::string& v) : name(n) { setenv(n.c_str(), v.c_str(), 1); }
-  ~EnvGuard() { unsetenv(name.c_str()); }
-};
+using mpiddp::testing::EnvGuard;
 }  // namespace
 
 TEST(CommOptions, DefaultsWithoutEnvironment) {

@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "run_isolated.hpp"
+#include "scoped.hpp"
 
 namespace fs = std::filesystem;
 
@@ -107,18 +108,7 @@ std::map<Kind, Tally> sweep(const std::vector<char>& original, const std::string
 
 std::vector<char> bytes_of(const std::string& path) { return mpiddp::read_file_bytes(path); }
 
-class TempDir {
- public:
-  TempDir() {
-    char name[] = "/tmp/mpiddp-corrupt-XXXXXX";
-    path_ = mkdtemp(name);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& f) const { return (fs::path(path_) / f).string(); }
-
- private:
-  std::string path_;
-};
+using mpiddp::testing::TempDir;
 
 // A snapshot shaped like the trainer's: model and Adam state of a small network, RNG states,
 // progress and text attributes.
