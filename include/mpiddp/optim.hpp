@@ -103,7 +103,9 @@ const OptimizerSpec* optimizer_spec_of(const torch::optim::Optimizer& opt);
 /// Global-norm clipping, one rule for DDP's whole gradients and ZeRO's shards: the squared L2 norm
 /// of the gradients of `params` (those with one), accumulated in float64 as a 0-dim tensor on their
 /// device, so that any partition of the same elements (shards summed over the ranks) gives the same
-/// norm to float64 rounding.
+/// norm to float64 rounding. On the CPU each element is squared in its own type (float32); on CUDA
+/// (libtorch 2.4+) in float64 by multi-tensor kernels, so CPU and GPU norms differ at float32's
+/// rounding of the squares.
 torch::Tensor grad_squared_norm(const std::vector<torch::Tensor>& params);
 /// Scales the gradients of `params` so that a global norm `norm` becomes at most `max_norm`, by
 /// torch.nn.utils.clip_grad_norm_'s rule (factor max_norm / (norm + 1e-6) when below 1); returns `norm`.

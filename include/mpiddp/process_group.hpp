@@ -66,11 +66,13 @@ class Work {
   /// Blocks until complete; throws CollectiveTimeout after the group's timeout.
   virtual void wait() = 0;
   /// Orders what the host queues next on the device after the collective, blocking the host only
-  /// where the backend cannot do that: the nccl backend makes the current CUDA stream wait for the
-  /// collective's event and returns at once (PyTorch's ProcessGroupNCCL wait()); its deadline is then
-  /// watched by a thread, which past the timeout ends the job with one line (BlockingCall's rule),
-  /// and test() says true. A barrier, and every other backend, waits as wait() does. For results
-  /// that only the device reads next (DDP's buckets, ZeRO's gathered parameters).
+  /// where the backend cannot do that: the nccl backend makes the default CUDA stream (the legacy
+  /// stream 0, libtorch's unless a stream guard chose another; the nccl group orders its collectives
+  /// after that stream too) wait for the collective's event and returns at once (PyTorch's
+  /// ProcessGroupNCCL wait()); a thread then watches it, which ends the job with one line past the
+  /// timeout (BlockingCall's rule) or on an NCCL error, and test() says true. A barrier, and every
+  /// other backend, waits as wait() does. For results that only the device reads next (DDP's
+  /// buckets, ZeRO's gathered parameters).
   virtual void wait_on_device() { wait(); }
   bool is_completed() { return test(); }
 };

@@ -198,4 +198,10 @@ class BlockingCall {
   uint64_t id_;
 };
 
+/// Ends the job from a thread other than the one blocked: writes "mpiddp: error: [rank R] <what>"
+/// as one line, then MPI_Abort where MPI lets any thread call it, else this process exits with 1.
+/// BlockingCall's watchdog ends a job so; so does a watcher that learns of a failure the blocked
+/// thread cannot (NCCL's asynchronous errors on a collective the device waits for).
+[[noreturn]] void end_job_from_watcher(const std::string& what);
+
 }  // namespace mpiddp

@@ -60,12 +60,13 @@ void add_elapsed(cudaEvent_t started, cudaEvent_t done, std::atomic<int64_t>* to
 // The collectives handed to the device by wait_on_device(): the host no longer waits for them, so
 // a thread does. It polls their done events every millisecond while any is pending, adds each
 // one's GPU time once it fires and frees its events; until then a BlockingCall holds the
-// collective's deadline, so one that never completes (a rank stopped or died, or NCCL failed) ends
-// the job with one line at the timeout, as a blocked host call does.
+// collective's deadline, so one that never completes (a rank stopped or died) ends the job with one
+// line at the timeout, as a blocked host call does. An error NCCL or CUDA reports meanwhile ends
+// the job at once, in its own words (the host may be blocked anywhere by then, unable to throw).
 class DeviceCompletions {
  public:
-  DeviceCompletions(int device, std::chrono::milliseconds timeout, std::atomic<int64_t>* device_ns)
-      : device_(device), timeout_(timeout), device_ns_(device_ns) {}
+  DeviceCompletions(int device, ncclComm_t comm, std::chrono::milliseconds timeout, std::atomic<int64_t>* device_ns)
+      : device_(device), comm_(comm), timeout_(timeout), device_ns_(device_ns) {}
   ~DeviceCompletions() {
     // The group is going (its communicator next): what is pending must finish first, under its
     // watch. Then the thread stops.
@@ -84,7 +85,7 @@ class DeviceCompletions {
     auto watch = std::make_unique<BlockingCall>(what + " on the GPU", timeout_);
     std::lock_guard<std::mutex> lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-    pending_.push_back({started, done, std::move(watch)});
+    pending_.push_back({started, done, what, std::move(watch)});
     woken_.notify_one();
   }
 
@@ -98,19 +99,31 @@ class DeviceCompletions {
   struct Pending {
     cudaEvent_t started;
     cudaEvent_t done;
+    std::string what;
     std::unique_ptr<BlockingCall> watch;
   };
 
   void reap(std::unique_lock<std::mutex>&) {
-    // In launch order, on one stream: the first not fired ends the pass.
-    while (!pending_.empty() && cudaEventQuery(pending_.front().done) == cudaSuccess) {
+    // In hand-off order: the first not fired ends the pass (the collectives run in launch order on
+    // one stream, so any fired behind it is reaped with it later).
+    while (!pending_.empty()) {
       auto& p = pending_.front();
+      const cudaError_t state = cudaEventQuery(p.done);
+      if (state == cudaErrorNotReady) break;
+      if (state != cudaSuccess) {
+        end_job_from_watcher("CUDA error while the GPU waited for " + p.what + ": " + cudaGetErrorString(state));
+      }
       add_elapsed(p.started, p.done, device_ns_);
       cudaEventDestroy(p.started);
       cudaEventDestroy(p.done);
       pending_.pop_front();
     }
-    cudaGetLastError();  // a cudaErrorNotReady from the query is not an error of the host's next call
+    if (pending_.empty()) return;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+      end_job_from_watcher("NCCL failed during " + pending_.front().what + " (waited for on the GPU): " +
+                           ncclGetErrorString(async));
+    }
   }
 
   void run() {
@@ -127,6 +140,7 @@ class DeviceCompletions {
   }
 
   int device_;
+  ncclComm_t comm_;
   std::chrono::milliseconds timeout_;
   std::atomic<int64_t>* device_ns_;
   std::mutex mutex_;
@@ -220,7 +234,7 @@ class NcclProcessGroup : public ProcessGroup {
     MPIDDP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     MPIDDP_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     MPIDDP_CHECK_CUDA(cudaMalloc(&barrier_buf_, sizeof(float)));
-    completions_ = std::make_unique<DeviceCompletions>(device_.index(), options.timeout, &device_ns_);
+    completions_ = std::make_unique<DeviceCompletions>(device_.index(), comm_, options.timeout, &device_ns_);
   }
 
   ~NcclProcessGroup() override {

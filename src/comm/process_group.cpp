@@ -145,6 +145,7 @@ void PollingWork::wait_on_device() {
   if (completed_) return;
   try {
     if (hand_to_device()) {
+      MPIDDP_CHECK(!finish_, what() + ": a collective with a finishing step on the host was handed to the device");
       complete();
       return;
     }
@@ -374,13 +375,19 @@ class CheckedWork : public detail::PollingWork {
   }
   std::string who_is_missing() override { return checker_->missing(*p_); }
   bool hand_to_device() override {
-    // Once every rank's descriptor is in and the collective launched, the backend's handle takes
-    // the device's wait; until then the host's (the exchange is the host's to drive).
-    checker_->progress();
-    if (p_->error) std::rethrow_exception(p_->error);
-    if (!p_->inner) return false;
-    p_->inner->wait_on_device();
-    return true;
+    // The descriptor exchange is the host's to drive: polled while the other ranks are a moment
+    // behind (kSleepAfter, when a wait is deemed long); then the launched collective's handle takes
+    // the device's wait. Ranks further apart: wait(), with its stall warnings and timeout.
+    const auto start = std::chrono::steady_clock::now();
+    do {
+      checker_->progress();
+      if (p_->error) std::rethrow_exception(p_->error);
+      if (p_->inner) {
+        p_->inner->wait_on_device();
+        return true;
+      }
+    } while (std::chrono::steady_clock::now() - start < detail::kSleepAfter);
+    return false;
   }
 
  private:

@@ -31,16 +31,21 @@ struct WatchedCall {
   bool mpi_abort = false;  ///< MPI is initialised and lets any thread call it
 };
 
+[[noreturn]] void end_job(const std::string& what, int rank, bool mpi_abort) {
+  const std::string line =
+      "mpiddp: error: " + (rank >= 0 ? "[rank " + std::to_string(rank) + "] " : std::string()) + what + "\n";
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+  if (mpi_abort) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
 [[noreturn]] void end_job(const WatchedCall& call) {
   std::ostringstream seconds;
   seconds << static_cast<double>(call.timeout.count()) / 1000.0;
-  const std::string line = "mpiddp: error: " + (call.rank >= 0 ? "[rank " + std::to_string(call.rank) + "] " : std::string()) +
-                           call.what + " did not complete within " + seconds.str() +
-                           " s (MPIDDP_COMM_TIMEOUT): a rank has stopped, hung or died, and this call cannot be "
-                           "interrupted, so the job ends\n";
-  (void)!::write(STDERR_FILENO, line.data(), line.size());
-  if (call.mpi_abort) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
+  end_job(call.what + " did not complete within " + seconds.str() +
+              " s (MPIDDP_COMM_TIMEOUT): a rank has stopped, hung or died, and this call cannot be interrupted, so "
+              "the job ends",
+          call.rank, call.mpi_abort);
 }
 
 class Watchdog {
@@ -129,5 +134,7 @@ BlockingCall::BlockingCall(std::string what, std::chrono::milliseconds timeout) 
 }
 
 BlockingCall::~BlockingCall() { watchdog().unwatch(id_); }
+
+void end_job_from_watcher(const std::string& what) { end_job(what, current_rank(), mpi_abort_allowed_from_any_thread()); }
 
 }  // namespace mpiddp
