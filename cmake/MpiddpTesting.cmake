@@ -80,7 +80,8 @@ add_custom_target(mpiddp_unit_mpi_tests)
 # The unit tests are one program: each test file alone paid ~10 s for reading the precompiled
 # header, and twenty of them cost a build stage ~5 minutes of compile time; built in unity batches of
 # ten files they cost two compilations. Each source file keeps its CTest entry, unit.FILE, which runs
-# the suites its TEST and TEST_F lines name (--gtest_filter); a filter that selects nothing fails.
+# the suites its TEST and TEST_F lines name (--gtest_filter); a filter that selects nothing fails
+# (a file whose tests all skip, as test_allocator's under ASan, passes).
 function(mpiddp_add_unit_tests name)
   _mpiddp_test_target(${name} ${ARGN})
   set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 10)
@@ -100,7 +101,7 @@ function(mpiddp_add_unit_tests name)
     string(JOIN ":" filter ${filter})
     add_test(NAME unit.${file} COMMAND ${name} --gtest_filter=${filter})
     set_tests_properties(unit.${file} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS unit
-                         ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT}" FAIL_REGULAR_EXPRESSION "\\[  PASSED  \\] 0 tests")
+                         ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT}" FAIL_REGULAR_EXPRESSION "Running 0 tests from")
   endforeach()
 endfunction()
 
