@@ -10,6 +10,13 @@ namespace mpiddp {
 /// Default thresholds of tune_malloc_for_training().
 inline constexpr std::size_t kMallocMmapThresholdBytes = std::size_t{32} << 20;   ///< glibc's largest
 inline constexpr std::size_t kMallocTrimThresholdBytes = std::size_t{512} << 20;
+/// The mmap threshold for a run that trades speed for memory (activation checkpointing: `mpiddp
+/// train` sets it then). Recomputing a block's activations in backward frees and allocates buffers
+/// of many sizes between the gradients, which a heap serving everything up to 32 MiB keeps resident
+/// beside the next ones: 27% above the memory plan at GPT-2's width and 1024-token context at stage
+/// 3, 4% with this (docs/performance.md#zero-memory). Above 4 MiB each buffer is mapped and handed
+/// back at once, at the cost of page faults (up to a tenth of a small model's tokens/s).
+inline constexpr std::size_t kMallocLeanMmapThresholdBytes = std::size_t{4} << 20;
 
 /// Makes glibc's malloc keep memory freed between training steps for the next step instead of
 /// handing it back to the kernel. A CPU training step allocates and frees the same activation and

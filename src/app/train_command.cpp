@@ -1,6 +1,7 @@
 // `mpiddp train`: DDP training of a built-in model or a TorchScript file on an HDF5 dataset, a thin
 // client of mpiddp::Trainer. Options come from the command line, then --config FILE, then
 // MPIDDP_* variables (see cli.hpp).
+#include <mpiddp/allocator.hpp>
 #include <mpiddp/backends.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/gpt.hpp>
@@ -439,6 +440,11 @@ int run_train(Runtime& runtime, const std::vector<std::string>& args) {
                "(--batch-size <- MPIDDP_BATCH_SIZE); the first that sets one wins.\n\n",
                options);
     return kExitOk;
+  }
+  if (c.t.activation_checkpointing) {
+    // Memory before speed: freed buffers above 4 MiB go back to the kernel (allocator.hpp).
+    const auto line = tune_malloc_for_training(kMallocLeanMmapThresholdBytes);
+    if (runtime.rank() == 0) std::printf("%s (activation checkpointing)\n", line.c_str());
   }
   auto pg = make_process_group(c.backend, runtime);  // collective: after every rank accepted the options
   std::unique_ptr<Trainer> trainer;

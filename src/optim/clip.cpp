@@ -27,17 +27,16 @@ bool multi_tensor(const std::vector<torch::Tensor>& grads) { return !grads.empty
 
 torch::Tensor grad_squared_norm(const std::vector<torch::Tensor>& params) {
   torch::NoGradGuard no_grad;
+  const auto grads = defined_grads(params);
 #if MPIDDP_HAS_FOREACH_CLIPPING
-  if (const auto grads = defined_grads(params); multi_tensor(grads)) {
+  if (multi_tensor(grads)) {
     // Each tensor's norm accumulated in float64 (its squares too: float64's, not float32's), then
     // their squares summed: the partition moves the result only at float64's precision, as below.
     return torch::stack(at::_foreach_norm(grads, 2, torch::kDouble)).pow(2).sum();
   }
 #endif
   torch::Tensor sum;
-  for (const auto& p : params) {
-    const auto& g = p.grad();
-    if (!g.defined()) continue;
+  for (const auto& g : grads) {
     // Each element's square rounds alike wherever the element lies; the sum is float64's, so the
     // order of the additions (the partition) moves it only at float64's precision. No float64 copy.
     // float16/bfloat16 gradients are squared in float32 (a float16 above 256 would square to Inf).
@@ -56,9 +55,7 @@ double clip_grads_to(const std::vector<torch::Tensor>& params, double norm, doub
   torch::NoGradGuard no_grad;
   const double factor = max_norm / (norm + 1e-6);  // torch::nn::utils::clip_grad_norm_'s rule
   if (factor < 1) {
-    for (const auto& p : params) {
-      if (p.grad().defined()) p.grad().mul_(factor);
-    }
+    for (auto& g : defined_grads(params)) g.mul_(factor);
   }
   return norm;
 }
