@@ -15,7 +15,7 @@ inline constexpr std::size_t kMallocTrimThresholdBytes = std::size_t{512} << 20;
 /// of many sizes between the gradients, which a heap serving everything up to 32 MiB keeps resident
 /// beside the next ones: 27% above the memory plan at GPT-2's width and 1024-token context at stage
 /// 3, 4% with this (docs/performance.md#zero-memory). Above 4 MiB each buffer is mapped and handed
-/// back at once, at the cost of page faults (up to a tenth of a small model's tokens/s).
+/// back at once, at the cost of page faults (0.92x a small model's tokens/s, median).
 inline constexpr std::size_t kMallocLeanMmapThresholdBytes = std::size_t{4} << 20;
 
 /// Makes glibc's malloc keep memory freed between training steps for the next step instead of
