@@ -90,7 +90,9 @@ sid() {
 
 pip_wheel() {
   echo "== pip stack: PyTorch's wheel in a venv, CUDA and NCCL backend ON"
-  stack_build pip build-pip "${stage_flags[@]}"
+  # The MPI tests at 2 and 3 ranks (even and uneven splits): the wheel decides libtorch's part of them;
+  # Open MPI is Debian 12's, whose stage runs them at 1-4.
+  stack_build pip build-pip "${stage_flags[@]}" "-DMPIDDP_TEST_RANKS=2;3"
   # system.info_cli holds the build to this torch's CUDA and NCCL: here that torch must have both.
   # It is the build's: the Python whose torch build_pip.sh configured against (its venv's or MPIDDP_PYTHON).
   local py

@@ -110,6 +110,16 @@ one_line() { [ "$(grep -c -v -E '^(-+|mpiexec|mpirun|prterun|Primary job|a non-z
 line_after() { grep -A1 -x -- "$1" <<<"$3" | tail -n 1 | grep -q -x -- "$2"; }
 not_timed_out() { [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; }
 failed_cleanly() { [ "$rc" -ne 0 ] && not_timed_out; }
+# bad_input "description" "expected text" args...: `mpiddp ARGS` on 2 ranks (the script's $mpiddp)
+# must end non-zero without hanging, with one line that says the expected text.
+bad_input() {
+  local desc=$1 want=$2
+  shift 2
+  run_np 2 "$mpiddp" "$@"
+  check "$desc: non-zero exit, no hang" failed_cleanly
+  check "$desc: one line" one_line "$err"
+  check "$desc: says '$want'" contains "$want" "$err"
+}
 
 # PID of world rank R among the processes whose command line mentions MARK (mpirun excluded:
 # only ranks carry OMPI_COMM_WORLD_RANK, or PMI_RANK under other launchers).

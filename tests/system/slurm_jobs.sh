@@ -117,9 +117,9 @@ if srun --mpi=list 2>&1 | grep -q pmix; then
 fi
 
 # ---- preempt.sh: SIGUSR1 -> snapshot -> requeue -> resume -----------------------------------------
-# The signal is sent at the first epoch's snapshot; 80 epochs (about 0.3 s each here) leave the first
-# run some 20 s before it would end.
-job=$(MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-pre MPIDDP_EPOCHS=80 sbatch --parsable -N 2 "$src/batch/preempt.sh")
+# The signal is sent at the first epoch's snapshot; 40 epochs (about 0.3 s each here) leave the first
+# run some 10 s before it would end.
+job=$(MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-pre MPIDDP_EPOCHS=40 sbatch --parsable -N 2 "$src/batch/preempt.sh")
 job=${job%%;*}
 for _ in $(seq 1 600); do [ -f "$tmp/run-pre/snapshots/latest.h5" ] && break; sleep 0.1; done
 scancel --signal=USR1 "$job"
@@ -128,7 +128,7 @@ for _ in $(seq 1 900); do
   state=$(scontrol show job "$job" 2>/dev/null | grep -o "JobState=[A-Z_]*")
   restarts=$(scontrol show job "$job" 2>/dev/null | grep -o "Restarts=[0-9]*")
   # A requeued job may start again once its first run's credential has expired (Reason=BeginTime):
-  # cred_expire=10 in the test cluster's slurm.conf makes that 11 s instead of Slurm's 121 s. Forcing
+  # the test cluster's slurm.conf makes that 11 s (slurm_cluster.sh). Forcing
   # an earlier start (scontrol update StartTime=now) fails: slurmd still holds the old credential
   # revoked and refuses the launch, and the job ends FAILED.
   # Around a requeue the job passes through other states; only the requeued run's end counts.
@@ -145,5 +145,5 @@ check "preempt.sh: the signal stopped training at a snapshot" contains "^stopped
 check "preempt.sh: the job requeued itself" contains "requeueing job $job" "$out"
 check "preempt.sh: the requeued job resumed from the snapshot" contains "^Resuming training from snapshot at Epoch [0-9]" "$out"
 check "preempt.sh: ... and completed" [ "$final" = "JobState=COMPLETED" ]
-check "preempt.sh: ... all 80 epochs" contains "^epoch 80: " "$out"
+check "preempt.sh: ... all 40 epochs" contains "^epoch 40: " "$out"
 finish

@@ -46,7 +46,9 @@ for stage in 0 2; do
   before=$(latest_step "$d")
   check "stage $stage: ... latest.h5 names a complete earlier snapshot (step $before)" \
     "$mpiddp" export "$d/latest.h5" --out "$tmp/probe-$stage.pt"
-  run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage $stage --max-steps 40 --save-every-steps 1 --keep 2 --snapshot-dir "$d" --resume auto
+  # Two steps past it: a resumed run that writes snapshots again (40 MB a step) and completes.
+  run_np 2 "$mpiddp" "${gpt[@]}" --zero-stage $stage --max-steps $((before + 2)) --save-every-steps 1 --keep 2 \
+    --snapshot-dir "$d" --resume auto
   check "stage $stage: the rerun resumes from step $before" contains "^Resuming training from snapshot at .*(global step $before," "$out"
   check "stage $stage: ... and completes" [ "$rc" -eq 0 ]
   check "stage $stage: ... leaving no half-written file" [ -z "$(compgen -G "$d/.snapshot-step*.h5.tmp")" ]

@@ -124,27 +124,19 @@ run_alone "$mpiddp" export "$tmp/bn-half/latest.h5" --out "$tmp/half.pt" --forma
 check "resume of a TorchScript run: bitwise equal to the uninterrupted run" ref compare "$tmp/full.pt" "$tmp/half.pt" 0
 
 # ---- bad input: one line from every rank, no hang ----------------------------------------------
-bad() {  # bad "description" "expected text" args...
-  local desc=$1 want=$2
-  shift 2
-  run_np 2 "$mpiddp" "$@"
-  check "$desc: non-zero exit, no hang" failed_cleanly
-  check "$desc: one line" one_line "$err"
-  check "$desc: says '$want'" contains "$want" "$err"
-}
 echo "not a model" >"$tmp/junk.pt"
-bad "a file that is not TorchScript" "is not a TorchScript module" train --model "$tmp/junk.pt" --data "$tmp/train.h5"
-bad "no such model file" "unknown --model '$tmp/none.pt'" train --model "$tmp/none.pt" --data "$tmp/train.h5"
+bad_input "a file that is not TorchScript" "is not a TorchScript module" train --model "$tmp/junk.pt" --data "$tmp/train.h5"
+bad_input "no such model file" "unknown --model '$tmp/none.pt'" train --model "$tmp/none.pt" --data "$tmp/train.h5"
 ref make-bad "$tmp"
-bad "a module without forward" "has no forward method" train --model "$tmp/noforward.pt" --data "$tmp/train.h5"
-bad "outputs of fewer classes than the labels" "labels range over \[0, 3\] but the model has 3 classes" \
+bad_input "a module without forward" "has no forward method" train --model "$tmp/noforward.pt" --data "$tmp/train.h5"
+bad_input "outputs of fewer classes than the labels" "labels range over \[0, 3\] but the model has 3 classes" \
   train --model "$tmp/three.pt" --data "$tmp/train.h5"
-bad "outputs of the wrong shape for the targets" "the model's outputs for 2 samples are \[2\]; class labels need \[2, classes\]" \
+bad_input "outputs of the wrong shape for the targets" "the model's outputs for 2 samples are \[2\]; class labels need \[2, classes\]" \
   train --model "$tmp/flat.pt" --data "$tmp/train.h5"
-bad "inputs the model cannot take" "fails on inputs of \[2, 1, 8, 8\]" train --model "$tmp/other.pt" --data "$tmp/train.h5"
-bad "activation checkpointing of a TorchScript module" "activation checkpointing: the model (torchscript" \
+bad_input "inputs the model cannot take" "fails on inputs of \[2, 1, 8, 8\]" train --model "$tmp/other.pt" --data "$tmp/train.h5"
+bad_input "activation checkpointing of a TorchScript module" "activation checkpointing: the model (torchscript" \
   train --model "$tmp/plain.pt" --data "$tmp/train.h5" --activation-checkpointing
-bad "activation checkpointing of the built-in mlp" "the model (mlp) cannot be split into blocks" \
+bad_input "activation checkpointing of the built-in mlp" "the model (mlp) cannot be split into blocks" \
   train --model mlp --data "$tmp/train.h5" --activation-checkpointing
 # A model whose parameters differ across ranks: each rank loads its own file.
 cat >"$tmp/per_rank.sh" <<EOF
@@ -166,10 +158,10 @@ with h5py.File(sys.argv[1], "r") as f:
 with open(sys.argv[1], "r+b") as f:
     f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x01]))
 PY
-bad "export of a corrupt snapshot" "CRC-32" export "$tmp/corrupt.h5" --out "$tmp/x.pt"
+bad_input "export of a corrupt snapshot" "CRC-32" export "$tmp/corrupt.h5" --out "$tmp/x.pt"
 check "export of a corrupt snapshot: writes nothing" [ ! -e "$tmp/x.pt" ]
 run_np 1 "$mpiddp" train --model linear --data "$tmp/train.h5" --max-steps 2 --snapshot-dir "$tmp/linear"
-bad "export --format torchscript of a C++ model's snapshot" "is of a C++ model" \
+bad_input "export --format torchscript of a C++ model's snapshot" "is of a C++ model" \
   export "$tmp/linear/latest.h5" --out "$tmp/y.pt" --format torchscript
 run_alone "$mpiddp" export "$tmp/linear/latest.h5" --out "$tmp/linear.pt"
 check "export of a C++ model: a state_dict that torch.load reads" py -c '

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `mpiddp train` end to end: the seeds' regression set (MSE falls), a short CNN run on
-# Fashion-MNIST with evaluation, option sources, and every kind of bad input (one line from
-# rank 0, non-zero exit on every rank, no hang).
+# `mpiddp train` end to end: the seeds' regression set (MSE falls), reading the data (from memory,
+# the file, a reader thread), a short CNN run on Fashion-MNIST with evaluation, the profiler, and bad
+# data (one line from rank 0, non-zero exit on every rank, no hang). The options themselves:
+# train_options.sh.
 # usage: train_cli.sh path/to/mpiddp path/to/make_bad_datasets
 source "$(dirname "$0")/lib.sh"
 mpiddp=$1 make_bad=$2
@@ -80,60 +81,14 @@ else
   echo "SKIP - cnn on fashion-mnist: $src is missing (Debian package dataset-fashion-mnist)"
 fi
 
-# Option sources: command line > --config > MPIDDP_* environment.
-printf 'epochs = 2\nbatch-size = 64\n' >"$tmp/run.cfg"
-MPIDDP_BATCH_SIZE=16 MPIDDP_LR=0.05 run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --config "$tmp/run.cfg" \
-  --batch-size 128
-check "config + env + flag: exit 0" [ "$rc" -eq 0 ]
-check "the flag wins over the config file" contains "^\[RANK 1\] Epoch 2 | Batchsize: 128 | Steps: 8$" "$out"
-MPIDDP_BATCH_SIZE=16 run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --max-steps 2
-check "the environment applies when nothing else sets it" contains "Batchsize: 16 " "$out"
-# --max-steps without --epochs: as many passes as it takes (16 steps a pass here), the last cut short.
-run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --max-steps 20
-check "--max-steps 20 alone: a second pass, cut at step 20" contains "^\[RANK 0\] Epoch 2 | Batchsize: 64 | Steps: 4$" "$out"
-check "--max-steps 20 alone: ... and no third" lacks "Epoch 3" "$out"
-
-bad() {  # bad "description" "expected text" args...
-  local desc=$1 want=$2
-  shift 2
-  run_np 2 "$mpiddp" train "$@"
-  check "$desc: non-zero exit, no hang" failed_cleanly
-  check "$desc: one line" one_line "$err"
-  check "$desc: says '$want'" contains "$want" "$err"
-}
-bad "missing file" "does not exist" --model linear --data "$tmp/nope.h5"
-bad "missing dataset" "has no dataset /targets" --model linear --data "$tmp/no_targets.h5"
-bad "inputs and targets of different lengths" "/inputs has 8 samples but /targets has 7" --model linear --data "$tmp/mismatch.h5"
-bad "labels out of the model's range" "labels range over \[0, 9\] but the model has 5 classes" --model mlp --data "$tmp/labels.h5"
-bad "empty dataset" "empty dataset" --model linear --data "$tmp/empty.h5"
-bad "fewer samples than ranks x batch" "fewer samples than ranks x batch" --model linear --data "$tmp/three.h5" --batch-size 4
-bad "cnn on 20 features" "--model cnn needs inputs of \[1, 28, 28\]" --model cnn --data "$tmp/syn.h5"
-bad "unknown option" "unrecognised option '--frobnicate'" --data "$tmp/syn.h5" --frobnicate 1
-bad "zero batch" "--batch-size must be > 0" --model linear --data "$tmp/syn.h5" --batch-size 0
-bad "negative batch" "--batch-size must be > 0" --model linear --data "$tmp/syn.h5" --batch-size -3
-bad "negative epochs" "--epochs must be >= 0" --model linear --data "$tmp/syn.h5" --epochs -1
-bad "negative lr" "--lr must be > 0" --model linear --data "$tmp/syn.h5" --lr -0.1
-bad "zero lr" "--lr must be > 0" --model linear --data "$tmp/syn.h5" --lr 0
-bad "not a number" "invalid" --model linear --data "$tmp/syn.h5" --batch-size lots
-MPIDDP_MOMENTUM=x bad "bad number in the environment" "invalid" --model linear --data "$tmp/syn.h5"
-bad "unknown model" "unknown --model 'resnet'" --model resnet --data "$tmp/syn.h5"
-bad "bad --log-every" "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '10m'" --model linear --data "$tmp/syn.h5" --log-every 10m
-bad "negative --clip-grad-norm" "--clip-grad-norm must be >= 0" --model linear --data "$tmp/syn.h5" --clip-grad-norm -1
-bad "negative --prefetch" "--prefetch must be >= 0" --model linear --data "$tmp/syn.h5" --prefetch -1
-
-# Progress lines: 2048 samples / (2 ranks x 16) = 64 steps per epoch; every 16 steps -> steps 16,
-# 32 and 48 of each epoch (the epoch's end has its own line), from rank 0 only, on stdout.
-run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --epochs 2 --batch-size 16 --log-every 16
-check "--log-every 16: trains" [ "$rc" -eq 0 ]
-check "--log-every 16: three lines per epoch, at steps 16, 32, 48 of 64" \
-  [ "$(grep -o "^epoch [12]/2, step [0-9]*/64" <<<"$out" | tr '\n' ' ')" = "epoch 1/2, step 16/64 epoch 1/2, step 32/64 epoch 1/2, step 48/64 epoch 2/2, step 16/64 epoch 2/2, step 32/64 epoch 2/2, step 48/64 " ]
-check "--log-every 16: loss, samples/s and ETAs" \
-  contains "^epoch 1/2, step 32/64 (50%): loss [0-9.]* (rank 0, mean of the last 16 steps), [0-9.]* samples/s, ETA epoch [0-9]*:[0-9][0-9], run [0-9]*:[0-9][0-9]$" "$out"
-check "--log-every 16: an epoch's progress lines come before its summary" \
-  bash -c '[ "$(grep -n "^epoch 2/2, step 48/64" <<<"$1" | cut -d: -f1)" -lt "$(grep -n "^epoch 2: " <<<"$1" | cut -d: -f1)" ] &&
-           [ "$(grep -n "^epoch 1: " <<<"$1" | cut -d: -f1)" -lt "$(grep -n "^epoch 2/2, step 16/64" <<<"$1" | cut -d: -f1)" ]' _ "$out"
-run_np 2 "$mpiddp" train --model linear --data "$tmp/syn.h5" --epochs 1 --batch-size 16 --log-every 0
-check "--log-every 0: no progress lines" bash -c '! grep -q "^epoch 1/1, step" <<<"$1"' _ "$out"
+# Bad data: one line from rank 0, non-zero exit on every rank, no hang.
+bad_input "missing file" "does not exist" train --model linear --data "$tmp/nope.h5"
+bad_input "missing dataset" "has no dataset /targets" train --model linear --data "$tmp/no_targets.h5"
+bad_input "inputs and targets of different lengths" "/inputs has 8 samples but /targets has 7" train --model linear --data "$tmp/mismatch.h5"
+bad_input "labels out of the model's range" "labels range over \[0, 9\] but the model has 5 classes" train --model mlp --data "$tmp/labels.h5"
+bad_input "empty dataset" "empty dataset" train --model linear --data "$tmp/empty.h5"
+bad_input "fewer samples than ranks x batch" "fewer samples than ranks x batch" train --model linear --data "$tmp/three.h5" --batch-size 4
+bad_input "cnn on 20 features" "--model cnn needs inputs of \[1, 28, 28\]" train --model cnn --data "$tmp/syn.h5"
 
 # --profile: PyTorch's profiler over the window only, one Chrome trace per rank. The mlp's three
 # linear layers give three AddmmBackward0 evaluations a step: the window's count is its steps x 3.
@@ -165,10 +120,8 @@ if [ "$(py -c 'import torch; print(torch.autograd.kineto_available())')" = True 
   check "--profile-from past the run's end: trains, writes nothing" \
     bash -c '[ "$1" -eq 0 ] && ! ls "$2"/late.* 2>/dev/null' _ "$rc" "$tmp"
 else
-  bad "--profile without Kineto" "--profile needs libtorch's profiler with Kineto (USE_KINETO=1)" \
-    --model mlp --data "$tmp/syn.h5" --profile "$tmp/prof.json"
+  bad_input "--profile without Kineto" "--profile needs libtorch's profiler with Kineto (USE_KINETO=1)" \
+    train --model mlp --data "$tmp/syn.h5" --profile "$tmp/prof.json"
 fi
-bad "--profile-steps 0" "--profile-steps must be > 0" --model linear --data "$tmp/syn.h5" --profile "$tmp/p.json" --profile-steps 0
-bad "negative --profile-from" "--profile-from must be >= 0" --model linear --data "$tmp/syn.h5" --profile "$tmp/p.json" --profile-from -1
-[[ " ${MPIDDP_BACKENDS:-} " == *" nccl "* ]] && bad "nccl without a cuda device" "goes with --device cuda" --model linear --data "$tmp/syn.h5" --backend nccl
+[[ " ${MPIDDP_BACKENDS:-} " == *" nccl "* ]] && bad_input "nccl without a cuda device" "goes with --device cuda" train --model linear --data "$tmp/syn.h5" --backend nccl
 finish
