@@ -5,8 +5,8 @@
 #   sid       build and test again against Debian sid's libtorch 2.14 inside a chroot (scripts/chroot.sh;
 #             made on first use, ~10 min, reused after): all but labels cluster, own and python
 #   pip       against PyTorch's own pip wheel (torch 2.11, CUDA 13, NCCL backend ON; scripts/build_pip.sh,
-#             its venv made on first use in build-pip/venv, ~1 min, reused after): the unit and MPI tests
-#             and the system tests that depend on the torch (label torch)
+#             its venv made on first use in build-pip/venv, ~1 min, reused after): the unit tests, the
+#             MPI tests at 2 and 3 ranks and the system tests that depend on the torch (label torch)
 #   asan      rebuild with ASan+UBSan and run the unit and MPI tests again
 #   usage: scripts/test.sh [STAGE...]     (no STAGE: all four, in this order)
 # Each stage runs alone from a fresh clone (it installs, fetches and configures what it needs). Ends
