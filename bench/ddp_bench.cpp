@@ -2,20 +2,42 @@
 // same step with no communication (under no_sync), in alternating blocks within one run on every
 // rank, so both see the same machine noise. Run by bench/ddp_bench.sh; one JSON line on rank 0.
 // Where the group measures its collectives' GPU time (nccl), the line also gives, per round, that
-// time per DDP step on rank 0 (device_ms).
+// time per DDP step on rank 0 (device_ms). --profile PREFIX then runs one more block of each kind
+// under PyTorch's profiler (Kineto): PREFIX.ddp.rankR.json and PREFIX.local.rankR.json, S steps
+// each, for bench/profile_summary.py (where the DDP step's extra time goes, on the GPU and the host).
 // usage: mpiddp_ddp_bench --model cnn|mlp [--steps S per block] [--rounds R] [--warmup W]
 //        [--batch B] [--timeline F] [--bucket-cap-mb M] [--device cpu|cuda] [--backend mpi|nccl|gloo]
+//        [--profile PREFIX]
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/models.hpp>
+#include <mpiddp/timeline.hpp>
 
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <iostream>
+#include <set>
 #include <string>
 
 namespace {
+
+// Runs `work` under PyTorch's profiler (host operators, and on CUDA the kernels with their GPU
+// time) and saves the Chrome trace at `path`. Throws where libtorch has no Kineto (Debian's 1.13).
+void profiled(const std::string& path, bool cuda, const std::function<void()>& work) {
+  namespace kineto = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (cuda) activities.insert(ActivityType::CUDA);
+  kineto::prepareProfiler(config, activities);
+  kineto::enableProfiler(config, activities);
+  work();
+  if (cuda) torch::cuda::synchronize();
+  kineto::disableProfiler()->save(path);
+}
 
 
 // An MLP of ~20 M parameters: 784 -> 4096 -> 4096 -> 10.
@@ -36,7 +58,7 @@ TORCH_MODULE(BigMlp);
 
 int main(int argc, char** argv) {
   mpiddp::Runtime rt(&argc, &argv);
-  std::string model_name = "cnn", timeline, device_name = "cpu", backend = "mpi";
+  std::string model_name = "cnn", timeline, device_name = "cpu", backend = "mpi", profile;
   int steps = 5, warmup = 2, rounds = 6;
   int64_t batch = 64;
   double bucket_cap_mb = 25;
@@ -51,6 +73,7 @@ int main(int argc, char** argv) {
     else if (k == "--bucket-cap-mb") bucket_cap_mb = std::stod(v);
     else if (k == "--device") device_name = v;
     else if (k == "--backend") backend = v;
+    else if (k == "--profile") profile = v;
   }
   const c10::Device device = device_name == "cuda" ? rt.device() : c10::Device(c10::kCPU);
   if (device_name == "cuda" && !(device.is_cuda() && torch::cuda::is_available())) {
@@ -143,8 +166,21 @@ int main(int argc, char** argv) {
     if (!device_ms.empty()) std::cout << ", \"device_ms\": " << list(device_ms);
     std::cout << "}" << std::endl;
   }
+  int status = 0;
+  if (!profile.empty()) {
+    try {
+      for (const bool communicate : {true, false}) {
+        const auto path = mpiddp::Timeline::rank_path(profile + (communicate ? ".ddp.json" : ".local.json"), rt.rank());
+        profiled(path, device.is_cuda(), [&] { block(communicate); });
+      }
+    } catch (const std::exception& e) {
+      const std::string what = e.what();  // libtorch's first line, without its backtrace
+      if (rt.rank() == 0) std::cerr << "mpiddp_ddp_bench: --profile: " << what.substr(0, what.find('\n')) << "\n";
+      status = 1;
+    }
+  }
   ddp.reset();
   pg.reset();
   rt.close();
-  return 0;
+  return status;
 }

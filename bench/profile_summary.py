@@ -1,9 +1,11 @@
 """Where a profiled window's time went, from Chrome traces of PyTorch's profiler: `mpiddp train
 --profile` and `bench/python_gpt_ddp.py --profile` write them. Per step of the window: the GPU's
 span (first kernel's start to last kernel's end), the time some kernel, copy or memset ran (busy)
-and the rest (idle: the GPU waited for the host), the kernels' time by kind, and the host's waits
-for the device (synchronisations and device-to-host copies: CUDA runtime calls that block).
-Then each trace's kernels with the most time per step, by name (TOP of them, default 12).
+and the rest (idle: the GPU waited for the host), the kernels' time by kind, the host's waits
+for the device (synchronisations and device-to-host copies: CUDA runtime calls that block) and the
+host's time in CUDA runtime calls. Then each trace's kernels with the most time per step, by name
+(TOP of them, default 12), and its CUDA runtime calls by time. `mpiddp_ddp_bench --profile` writes
+a DDP block's trace and the same steps' without communication.
 
 usage: python3 bench/profile_summary.py [--top TOP] STEPS LABEL=TRACE [LABEL=TRACE ...]
        (STEPS: the steps the window holds, --profile-steps)
@@ -69,6 +71,14 @@ def summarise(path, steps):
     blocking = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and BLOCKING.search(e["name"])]
     row["host waits"] = sum(e["dur"] for e in blocking) / steps
     row["blocking calls"] = len(blocking) / steps
+    runtime = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime":
+            calls, total = runtime.get(e["name"], (0, 0.0))
+            runtime[e["name"]] = (calls + 1, total + e["dur"])
+    row["runtime"] = sum(t for _, t in runtime.values()) / steps
+    row["runtime calls"] = sum(c for c, _ in runtime.values()) / steps
+    row["runtime by name"] = sorted(((t / steps, c / steps, n) for n, (c, t) in runtime.items()), reverse=True)
     return row
 
 
@@ -95,11 +105,17 @@ def main():
     line("kernels launched", lambda r: f"{r.get('kernels', 0):.0f}")
     line("host blocked on the GPU", lambda r: ms(r.get("host waits", 0)))
     line("blocking CUDA calls", lambda r: f"{r.get('blocking calls', 0):.1f}")
+    line("host in CUDA runtime calls", lambda r: ms(r.get("runtime", 0)))
+    line("CUDA runtime calls", lambda r: f"{r.get('runtime calls', 0):.0f}")
     for label, r in columns:
         print(f"\n{label}: the {top} kernels with the most time per step\n")
         print("| ms per step | calls per step | kind | kernel |\n|---|---|---|---|")
         for t, calls, name in r.get("by name", [])[:top]:
             print(f"| {t / 1000:.2f} | {calls:.0f} | {kind_of(name)} | {name[:110].replace('|', '/')} |")
+        print(f"\n{label}: CUDA runtime calls by the host's time per step\n")
+        print("| ms per step | calls per step | call |\n|---|---|---|")
+        for t, calls, name in r.get("runtime by name", [])[:top]:
+            print(f"| {t / 1000:.3f} | {calls:.1f} | {name} |")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@
 #            seconds; DDP overhead over the same steps without communication and the GPU time of the
 #            NCCL collectives per step, from CUDA events (mpiddp_ddp_bench --device cuda)
 #   profile  GPT-2 small on both sides under PyTorch's profiler (steps 20-22): profile.md, per step,
-#            the GPU's busy and idle time, kernels by kind, the host's waits; GPU memory peaks
+#            the GPU's busy and idle time, kernels by kind, the host's waits; GPU memory peaks; the
+#            CNN's and the MLP's DDP steps against the same steps without communication, traced
 # Where one command may run 10 minutes at most, two calls do it all, each on a fresh machine:
 #   bash scripts/gpu.sh OUT deps,build,tests     and     bash scripts/gpu.sh OUT deps,build,cli,train,figures
 # With less device time (15 minutes, starts included), one call does every GPU check and a round of
@@ -450,6 +451,20 @@ for x in map(json.loads, open(sys.argv[1])):
     "$logs/profile.mpiddp.jsonl" | tr '\n' ' ' | sed 's/^/mpiddp tokens\/s by step: /' | tee -a "$out/profile.md"
   echo | tee -a "$out/profile.md"
   gzip -f "$logs"/profile.*.rank*.json
+  # DDP's overhead on millisecond steps: 50 steps of the CNN and of the MLP with DDP (nccl, 1 rank)
+  # and the same steps without communication, each traced: where the DDP step's extra time goes.
+  for model in cnn mlp; do
+    mpirun --oversubscribe -n 1 "$build/bench/mpiddp_ddp_bench" --model "$model" --device cuda --backend nccl \
+      --steps 50 --rounds 2 --warmup 10 --batch 64 --profile "$logs/profile.ddp-$model.json" >>"$logs/profile.ddp.jsonl"
+    run_check "profile: DDP and local steps of the $model traced" \
+      test -s "$logs/profile.ddp-$model.ddp.rank0.json" -a -s "$logs/profile.ddp-$model.local.rank0.json"
+    echo "DDP step of the $model (50 steps, 1 rank, batch 64) against the same steps without communication:" |
+      tee -a "$out/profile.md"
+    $py bench/profile_summary.py --top 10 50 ddp="$logs/profile.ddp-$model.ddp.rank0.json" \
+      local="$logs/profile.ddp-$model.local.rank0.json" | tee -a "$out/profile.md"
+    echo | tee -a "$out/profile.md"
+  done
+  gzip -f "$logs"/profile.ddp-*.rank*.json
   # The loss three ways at the same shape (bench/loss_kernels.py): what a bfloat16 loss would save.
   $py bench/loss_kernels.py | tee "$out/loss_kernels.jsonl"
   run_check "profile: the loss three ways timed" [ -s "$out/loss_kernels.jsonl" ]

@@ -74,9 +74,10 @@ slurm_cluster_start() {
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed" || return 1
 
   local nodelist="node[1-$nodes]"
-  # Short clocks for a test cluster: a requeued job may start again once its first run's credential
-  # has expired (cred_expire=10: 11 s instead of 121), and the main scheduling loop then starts it
-  # within 2 s (sched_interval=2; Slurm's 60 s left preempt.sh's requeued job pending ~55 s).
+  # A requeued job may start again once its first run's credential has expired (cred_expire=10: 11 s
+  # instead of 121), at the main scheduling loop's next pass (Slurm's every 60 s). A pass every 2 s
+  # (sched_interval=2) saved ~45 s of system.slurm_jobs, but its one run beside the whole suite saw
+  # batch/srun.sh fail (reason not kept; not reproduced in 14 runs): left at Slurm's default.
   cat >"$dir/slurm.conf" <<EOF
 ClusterName=mpiddptest
 SlurmctldHost=$(hostname -s)($ctl_addr)
@@ -106,7 +107,7 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 ReturnToService=2
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=2
+SchedulerParameters=bf_interval=1
 MessageTimeout=30
 KillWait=5
 InactiveLimit=0

@@ -34,13 +34,17 @@ fi
 "$mpiddp" data synthetic --samples 2048 --features 20 --seed 0 --out "$data/synthetic.h5" >/dev/null
 cd "$tmp" || exit 1
 job_log() { cat "$tmp/$job.log" 2>/dev/null; }
+job_completed() {  # job_completed NAME: the last job ended with status 0 (else its log's end is shown)
+  check "$1: job completed" [ "$rc" -eq 0 ]
+  [ "$rc" -eq 0 ] || { echo "       job $job ended with status $rc; its log ends:"; tail -n 25 "$tmp/$job.log" 2>&1 | sed 's/^/       /'; }
+}
 
 # ---- batch.sh: the SuperCloud job on 2 nodes x 2 ranks, on CPUs ---------------------------------
 if [ $have_fm = 1 ]; then
   MPIDDP_DEVICE=cpu MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-batch MPIDDP_EPOCHS=2 \
     slurm_submit_wait "$src/batch/batch.sh" -N 2 --gres=none
   out=$(job_log)
-  check "batch.sh: job completed" [ "$rc" -eq 0 ]
+  job_completed "batch.sh"
   check "batch.sh: one line per rank, hostnames per node" bash -c '
     for want in "node1: 0 of 4" "node1: 1 of 4" "node2: 2 of 4" "node2: 3 of 4"; do grep -q "$want\$" <<<"$1" || exit 1; done' _ "$out"
   check "batch.sh: LOCAL_RANK 0 1 0 1" [ "$(grep -o "node[12] LOCAL_RANK : [0-9]" <<<"$out" | tr '\n' ' ')" = "node1 LOCAL_RANK : 0 node1 LOCAL_RANK : 1 node2 LOCAL_RANK : 0 node2 LOCAL_RANK : 1 " ]
@@ -56,7 +60,7 @@ fi
 
 # ---- a cross-node all-reduce checked element by element -----------------------------------------
 MPIDDP_BACKEND=mpi MPIDDP_BENCH_ARGS="-b 8 -e 1M -f 32 -w 1 -n 3" slurm_submit_wait "$src/batch/bench.sh" -N 2 --gres=none
-check "bench.sh: job completed" [ "$rc" -eq 0 ]
+job_completed "bench.sh"
 check "bench.sh: every collective across the nodes, no wrong element" py - "$tmp/mpiddp-bench-$job" <<'PY'
 import json, sys, os
 for c in ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast"):
@@ -70,7 +74,7 @@ PY
 # ---- cpu.sh on 2 nodes = the same world size on one node ----------------------------------------
 MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-cpu MPIDDP_EPOCHS=5 slurm_submit_wait "$src/batch/cpu.sh" -N 2
 out=$(job_log)
-check "cpu.sh: job completed" [ "$rc" -eq 0 ]
+job_completed "cpu.sh"
 check "cpu.sh: the seeds' line from ranks on both nodes" [ "$(grep -c "Epoch 5 | Batchsize: 32 | Steps: 16" <<<"$out")" -eq 4 ]
 run_np 4 "$mpiddp" train --model linear --data "$data/synthetic.h5" --device cpu --backend mpi --epochs 5 \
   --batch-size 32 --optimizer sgd --lr 0.001 --snapshot-dir "$tmp/one-node" --save-every 10
@@ -80,7 +84,7 @@ check "cpu.sh: same parameters as 4 ranks on one node" h5diff -q "$tmp/run-cpu/s
 if srun --mpi=list 2>&1 | grep -q pmix; then
   MPIDDP_DATA_DIR=$data MPIDDP_RUN_DIR=$tmp/run-srun MPIDDP_EPOCHS=3 slurm_submit_wait "$src/batch/srun.sh" -N 2
   out=$(job_log)
-  check "srun.sh: job completed" [ "$rc" -eq 0 ]
+  job_completed "srun.sh"
   check "srun.sh: four ranks on two nodes" contains "info: 4 ranks on 2 nodes" "$out"
   check "srun.sh: trained" [ "$(grep -c "Epoch 3 | Batchsize: 32 | Steps: 16" <<<"$out")" -eq 4 ]
 else
@@ -98,7 +102,7 @@ PY
 MPIDDP_PYTHON=$TEST_PYTHON MPIDDP_LAUNCH_ARGS=--print-env MPIDDP_SCRIPT="$src/tests/python/torchrun_ddp.py $tmp/python-ddp.json" \
   slurm_submit_wait "$src/batch/python.sh" -N 2 --gres=none
 out=$(job_log)
-check "python.sh: job completed" [ "$rc" -eq 0 ]
+job_completed "python.sh"
 check "python.sh: GROUP_RANK 0 0 1 1 on node1 node1 node2 node2" bash -c '
   for want in "node1 RANK=0 .* GROUP_RANK=0 " "node1 RANK=1 .* GROUP_RANK=0 " "node2 RANK=2 .* GROUP_RANK=1 " "node2 RANK=3 .* GROUP_RANK=1 "; do
     grep -q "$want" <<<"$1" || { echo "       no line \"$want\" among:"; echo "$1"; exit 1; }
@@ -111,7 +115,7 @@ check "python.sh: parameters equal one process on the global batch (1e-5)" same_
 if srun --mpi=list 2>&1 | grep -q pmix; then
   MPIDDP_LAUNCHER=srun MPIDDP_PYTHON=$TEST_PYTHON MPIDDP_SCRIPT="$src/tests/python/torchrun_ddp.py $tmp/srun-ddp.json" \
     slurm_submit_wait "$src/batch/python.sh" -N 2 --gres=none
-  check "python.sh under srun --mpi=pmix: job completed" [ "$rc" -eq 0 ]
+  job_completed "python.sh under srun --mpi=pmix"
   check "python.sh under srun: the same parameters" same_params "$tmp/srun-ddp.json" "$tmp/python-ref.json"
   check "python.sh under srun: GROUP_RANK 0 0 1 1" [ "$(cat "$tmp/srun-ddp.json".rank* | grep -o "GROUP_RANK=[01]" | tr '\n' ' ')" = "GROUP_RANK=0 GROUP_RANK=0 GROUP_RANK=1 GROUP_RANK=1 " ]
 fi
@@ -127,10 +131,10 @@ final=""
 for _ in $(seq 1 900); do
   state=$(scontrol show job "$job" 2>/dev/null | grep -o "JobState=[A-Z_]*")
   restarts=$(scontrol show job "$job" 2>/dev/null | grep -o "Restarts=[0-9]*")
-  # A requeued job may start again once its first run's credential has expired (Reason=BeginTime):
-  # the test cluster's slurm.conf makes that 11 s (slurm_cluster.sh). Forcing
-  # an earlier start (scontrol update StartTime=now) fails: slurmd still holds the old credential
-  # revoked and refuses the launch, and the job ends FAILED.
+  # A requeued job may start again once its first run's credential has expired (Reason=BeginTime),
+  # 11 s in the test cluster, at the scheduler's next pass (slurm_cluster.sh). Forcing an earlier
+  # start (scontrol update StartTime=now) fails: slurmd still holds the old credential revoked and
+  # refuses the launch, and the job ends FAILED.
   # Around a requeue the job passes through other states; only the requeued run's end counts.
   if [ "$restarts" != "Restarts=0" ] && [ "$state" = JobState=COMPLETED ]; then final=$state; break; fi
   sleep 0.2
