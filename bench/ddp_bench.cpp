@@ -24,9 +24,10 @@
 
 namespace {
 
-// Runs `work` under PyTorch's profiler (host operators, and on CUDA the kernels with their GPU
-// time) and saves the Chrome trace at `path`. Throws where libtorch has no Kineto (Debian's 1.13).
-void profiled(const std::string& path, bool cuda, const std::function<void()>& work) {
+// PyTorch's profiler (host operators, and on CUDA the kernels with their GPU time) from start to
+// save, which writes the Chrome trace at `path`. save throws where libtorch has no Kineto
+// (Debian's 1.13).
+void start_profiler(bool cuda) {
   namespace kineto = torch::autograd::profiler;
   using torch::profiler::impl::ActivityType;
   const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
@@ -34,11 +35,11 @@ void profiled(const std::string& path, bool cuda, const std::function<void()>& w
   if (cuda) activities.insert(ActivityType::CUDA);
   kineto::prepareProfiler(config, activities);
   kineto::enableProfiler(config, activities);
-  work();
-  if (cuda) torch::cuda::synchronize();
-  kineto::disableProfiler()->save(path);
 }
-
+void save_profile(const std::string& path, bool cuda) {
+  if (cuda) torch::cuda::synchronize();
+  torch::autograd::profiler::disableProfiler()->save(path);
+}
 
 // An MLP of ~20 M parameters: 784 -> 4096 -> 4096 -> 10.
 struct BigMlpImpl : torch::nn::Module {
@@ -166,21 +167,33 @@ int main(int argc, char** argv) {
     if (!device_ms.empty()) std::cout << ", \"device_ms\": " << list(device_ms);
     std::cout << "}" << std::endl;
   }
-  int status = 0;
-  if (!profile.empty()) {
+  // Each profiled block is a collective step (its barrier, its time's all-reduce): every rank learns
+  // whether all could start and save their profiles before going on; a rank that could not says why.
+  auto agreed = [&](const std::function<void()>& part) {
+    int failed = 0;
     try {
-      for (const bool communicate : {true, false}) {
-        const auto path = mpiddp::Timeline::rank_path(profile + (communicate ? ".ddp.json" : ".local.json"), rt.rank());
-        profiled(path, device.is_cuda(), [&] { block(communicate); });
-      }
+      part();
     } catch (const std::exception& e) {
       const std::string what = e.what();  // libtorch's first line, without its backtrace
-      if (rt.rank() == 0) std::cerr << "mpiddp_ddp_bench: --profile: " << what.substr(0, what.find('\n')) << "\n";
-      status = 1;
+      std::cerr << "mpiddp_ddp_bench: [rank " << rt.rank() << "] --profile: " << what.substr(0, what.find('\n')) << "\n";
+      failed = 1;
     }
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, rt.world());
+    return failed == 0;
+  };
+  bool profiled = true;
+  for (const bool communicate : {true, false}) {
+    if (profile.empty()) break;
+    const auto path = mpiddp::Timeline::rank_path(profile + (communicate ? ".ddp.json" : ".local.json"), rt.rank());
+    profiled = agreed([&] { start_profiler(device.is_cuda()); });
+    if (profiled) {
+      block(communicate);
+      profiled = agreed([&] { save_profile(path, device.is_cuda()); });
+    }
+    if (!profiled) break;
   }
   ddp.reset();
   pg.reset();
   rt.close();
-  return status;
+  return profiled ? 0 : 1;
 }

@@ -8,7 +8,7 @@ host's time in CUDA runtime calls. Then each trace's kernels with the most time 
 a DDP block's trace and the same steps' without communication.
 
 usage: python3 bench/profile_summary.py [--top TOP] STEPS LABEL=TRACE [LABEL=TRACE ...]
-       (STEPS: the steps the window holds, --profile-steps)
+       (STEPS: the steps the window holds: train's --profile-steps, mpiddp_ddp_bench's --steps)
 Prints a Markdown table, one column per trace.
 """
 import json

@@ -455,7 +455,7 @@ for x in map(json.loads, open(sys.argv[1])):
   # and the same steps without communication, each traced: where the DDP step's extra time goes.
   for model in cnn mlp; do
     mpirun --oversubscribe -n 1 "$build/bench/mpiddp_ddp_bench" --model "$model" --device cuda --backend nccl \
-      --steps 50 --rounds 2 --warmup 10 --batch 64 --profile "$logs/profile.ddp-$model.json" >>"$logs/profile.ddp.jsonl"
+      --steps 50 --rounds 2 --warmup 10 --batch 64 --profile "$logs/profile.ddp-$model" >>"$logs/profile.ddp.jsonl"
     run_check "profile: DDP and local steps of the $model traced" \
       test -s "$logs/profile.ddp-$model.ddp.rank0.json" -a -s "$logs/profile.ddp-$model.local.rank0.json"
     echo "DDP step of the $model (50 steps, 1 rank, batch 64) against the same steps without communication:" |
