@@ -139,9 +139,9 @@ else
 fi
 
 # ---- signals: stop at a step boundary on every rank, snapshot, exit 0, resume ------------------
-# The signal is sent once step 500's snapshot is there: 2500 steps (over epochs) before the run's end.
-mlp=(train --model mlp --data "$tmp/syn.h5" --epochs 60 --max-steps 3000 --batch-size 8 --optimizer sgd --momentum 0.9
-     --lr 0.01 --threads 1 --save-every 0 --save-every-steps 250 --keep 2)
+# The signal is sent once step 250's snapshot is there: 1250 steps (over epochs) before the run's end.
+mlp=(train --model mlp --data "$tmp/syn.h5" --epochs 60 --max-steps 1500 --batch-size 8 --optimizer sgd --momentum 0.9
+     --lr 0.01 --threads 1 --save-every 0 --save-every-steps 125 --keep 2)
 run_np 2 "$mpiddp" "${mlp[@]}" --snapshot-dir "$tmp/sref"
 check "mlp reference run" [ "$rc" -eq 0 ]
 for how in "usr1-one-rank 2" "term-all-ranks 4" "usr1-mpiexec 2" "usr1-one-rank 1"; do
@@ -149,7 +149,7 @@ for how in "usr1-one-rank 2" "term-all-ranks 4" "usr1-mpiexec 2" "usr1-one-rank 
   name=$1 n=$2 d=$tmp/sig-$1-$2
   [ "$n" -ne 2 ] && { run_np "$n" "$mpiddp" "${mlp[@]}" --snapshot-dir "$d.ref"; ref=$d.ref/latest.h5; } || ref=$tmp/sref/latest.h5
   start_bg "$n" "$mpiddp" "${mlp[@]}" --snapshot-dir "$d"
-  wait_for_step "$d" 500
+  wait_for_step "$d" 250
   case $name in
     usr1-one-rank) kill -USR1 "$(rank_pid "$d" $((n - 1)))" ;;
     term-all-ranks) for r in $(seq 0 $((n - 1))); do kill -TERM "$(rank_pid "$d" "$r")"; done ;;
