@@ -183,14 +183,12 @@ int main(int argc, char** argv) {
   };
   bool profiled = true;
   for (const bool communicate : {true, false}) {
-    if (profile.empty()) break;
+    if (profile.empty() || !profiled) break;
     const auto path = mpiddp::Timeline::rank_path(profile + (communicate ? ".ddp.json" : ".local.json"), rt.rank());
     profiled = agreed([&] { start_profiler(device.is_cuda()); });
-    if (profiled) {
-      block(communicate);
-      profiled = agreed([&] { save_profile(path, device.is_cuda()); });
-    }
     if (!profiled) break;
+    block(communicate);
+    profiled = agreed([&] { save_profile(path, device.is_cuda()); });
   }
   ddp.reset();
   pg.reset();

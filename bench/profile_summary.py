@@ -68,14 +68,14 @@ def summarise(path, steps):
             by_name[e["name"]] = (calls + 1, total + e["dur"])
     row["by name"] = sorted(((t / steps, c / steps, n) for n, (c, t) in by_name.items()), reverse=True)
     row["kernels"] = sum(1 for e in device if e["cat"] == "kernel") / steps
-    blocking = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and BLOCKING.search(e["name"])]
-    row["host waits"] = sum(e["dur"] for e in blocking) / steps
-    row["blocking calls"] = len(blocking) / steps
-    runtime = {}
+    runtime = {}  # the host's CUDA runtime calls by name: (calls, microseconds)
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "cuda_runtime":
             calls, total = runtime.get(e["name"], (0, 0.0))
             runtime[e["name"]] = (calls + 1, total + e["dur"])
+    blocking = [(c, t) for n, (c, t) in runtime.items() if BLOCKING.search(n)]
+    row["host waits"] = sum(t for _, t in blocking) / steps
+    row["blocking calls"] = sum(c for c, _ in blocking) / steps
     row["runtime"] = sum(t for _, t in runtime.values()) / steps
     row["runtime calls"] = sum(c for c, _ in runtime.values()) / steps
     row["runtime by name"] = sorted(((t / steps, c / steps, n) for n, (c, t) in runtime.items()), reverse=True)

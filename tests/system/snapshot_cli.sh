@@ -228,14 +228,7 @@ check "full disk ($how): no temporary file left" [ -z "$(ls -A "$full" | grep tm
 
 # ---- snapshots of another model or optimizer ---------------------------------------------------
 snap=$tmp/sref/latest.h5
-bad_resume() {  # bad_resume "description" "expected text" args...
-  local desc=$1 want=$2
-  shift 2
-  run_np 2 "$mpiddp" train "$@" --resume "$snap"
-  check "$desc: refused" failed_cleanly
-  check "$desc: one line" one_line "$err"
-  check "$desc: names the mismatch" contains "$want" "$err"
-}
+bad_resume() { bad_input "$1" "$2" train "${@:3}" --resume "$snap"; }  # bad_resume "description" "expected text" args...
 bad_resume "another model" "cannot resume from snapshot '$snap': it is of another model: it has model mlp where this model has model linear" \
   --model linear --data "$tmp/syn.h5"
 bad_resume "another input width" "it has parameter fc1.weight Float\[128, 20\] where this model has parameter fc1.weight Float\[128, 30\]" \
