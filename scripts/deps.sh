@@ -19,6 +19,7 @@ packages=(
   dataset-fashion-mnist                 # the bundled default data
   nlohmann-json3-dev                    # JSON output (info --json, bench --json, timelines)
   libgtest-dev                          # tests
+  ccache                                # the compiler cache scripts/build.sh keeps outside the clone
 )
 packages+=("$@")  # callers may ask for more (e.g. the benchmarks' python3-torch)
 
