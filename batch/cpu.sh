@@ -16,8 +16,8 @@ source /etc/profile
 modules=${MPIDDP_MODULES-mpi/openmpi-4.1.5 mpiddp}
 [ -n "$modules" ] && module load $modules
 set -euo pipefail
-# mpirun learns that a node became unreachable (link or node down) from TCP keepalive on its
-# control connection: here 60 s idle + 3 probes x 10 s, not Open MPI 4's 300 s + 9 x 20 s.
+# mpirun's lost-node detection (docs/cluster.md): these lines in every batch/ script that runs mpirun
+# (Slurm runs a copy of the script, without its siblings; system.slurm_jobs checks that they agree).
 export OMPI_MCA_oob_tcp_keepalive_time=${OMPI_MCA_oob_tcp_keepalive_time:-60}
 export OMPI_MCA_oob_tcp_keepalive_intvl=${OMPI_MCA_oob_tcp_keepalive_intvl:-10}
 export OMPI_MCA_oob_tcp_keepalive_probes=${OMPI_MCA_oob_tcp_keepalive_probes:-3}

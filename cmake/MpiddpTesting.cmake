@@ -1,13 +1,15 @@
 # One helper per kind of test, so every test gets the same flags, timeout and labels.
 #   mpiddp_add_unit_tests(NAME SOURCES...)                one gtest program, one CTest entry per
 #                                                          source (unit.FILE), label "unit"
-#   mpiddp_add_mpi_test(NAME SOURCES... [RANKS 1 2 3 4])  one executable, one CTest entry per rank
-#                                                          count, label "mpi"
-#   mpiddp_add_gpu_cases(NAME FILTER [RANKS 1 2])         the GPU cases of MPI test NAME (a gtest
-#                                                          filter) again, under MPIDDP_REQUIRE_GPU=1:
-#                                                          mpi.NAME.gpu.npN, label "gpu"; only with
-#                                                          MPIDDP_GPU_TESTS=ON (scripts/gpu.sh)
+#   mpiddp_add_mpi_test(NAME SOURCES... [RANKS 1 2 3 4] [LIBRARIES ...] [GPU_CASES FILTER])
+#                                                          one executable, one CTest entry per rank
+#                                                          count, label "mpi"; with MPIDDP_GPU_TESTS=ON
+#                                                          (scripts/gpu.sh) also its GPU cases again
+#                                                          under MPIDDP_REQUIRE_GPU=1: the suites
+#                                                          named *Cuda and GPU_CASES (a gtest filter),
+#                                                          mpi.NAME.gpu.np1 and np2, label "gpu"
 #   mpiddp_add_script_test(NAME SCRIPT [ARGS...])         bash script, label "system"
+# tests/README.md says how to add each kind.
 # Further labels, given in tests/CMakeLists.txt, choose what each stage of scripts/test.sh runs:
 #   torch    a system test whose result depends on the torch the build uses (libtorch's version,
 #            CUDA, NCCL, the Python side's torch): the pip stage runs these with the unit and MPI tests
@@ -77,11 +79,43 @@ endfunction()
 # The executables of the unit and MPI tests alone (scripts/test.sh's ASan stage builds just these).
 add_custom_target(mpiddp_unit_mpi_tests)
 
+# The gtest filter (into OUT) that selects the suites SOURCE defines, or those whose name matches
+# SUITE_REGEX: every line that starts with TEST, TEST_F, TEST_P, TYPED_TEST or TYPED_TEST_P names a
+# suite. gtest's full names differ by macro: Suite.Name (TEST, TEST_F), Prefix/Suite.Name/param
+# (TEST_P), Suite/type.Name (TYPED_TEST) and Prefix/Suite/type.Name (TYPED_TEST_P); an empty prefix
+# drops "Prefix/". A program's suite names are unique, so a suite picks its file.
+function(_mpiddp_gtest_filter out source)
+  cmake_parse_arguments(ARG "" "SUITE_REGEX" "" ${ARGN})
+  get_filename_component(source "${source}" ABSOLUTE)
+  file(STRINGS "${source}" lines REGEX "^(TYPED_TEST_P|TYPED_TEST|TEST_P|TEST_F|TEST) *\\( *[A-Za-z0-9_]+ *,")
+  set(patterns "")
+  foreach(line IN LISTS lines)
+    string(REGEX MATCH "^([A-Z_]+) *\\( *([A-Za-z0-9_]+)" _ "${line}")
+    set(macro ${CMAKE_MATCH_1})
+    set(suite ${CMAKE_MATCH_2})
+    if(DEFINED ARG_SUITE_REGEX AND NOT suite MATCHES "${ARG_SUITE_REGEX}")
+      continue()
+    endif()
+    if(macro STREQUAL "TEST_P")
+      list(APPEND patterns "${suite}.*" "*/${suite}.*")
+    elseif(macro STREQUAL "TYPED_TEST")
+      list(APPEND patterns "${suite}/*")
+    elseif(macro STREQUAL "TYPED_TEST_P")
+      list(APPEND patterns "${suite}/*" "*/${suite}/*")
+    else()
+      list(APPEND patterns "${suite}.*")
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES patterns)
+  string(JOIN ":" filter ${patterns})
+  set(${out} "${filter}" PARENT_SCOPE)
+endfunction()
+
 # The unit tests are one program: each test file alone paid ~10 s for reading the precompiled
 # header, and twenty of them cost a build stage ~5 minutes of compile time; built in unity batches of
 # ten files they cost two compilations. Each source file keeps its CTest entry, unit.FILE, which runs
-# the suites its TEST and TEST_F lines name (--gtest_filter); a filter that selects nothing fails
-# (a file whose tests all skip, as test_allocator's under ASan, passes).
+# the suites the file defines (--gtest_filter, _mpiddp_gtest_filter); a filter that selects nothing
+# fails (a file whose tests all skip, as test_allocator's under ASan, passes).
 function(mpiddp_add_unit_tests name)
   _mpiddp_test_target(${name} ${ARGN})
   set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 10)
@@ -91,14 +125,7 @@ function(mpiddp_add_unit_tests name)
   target_link_libraries(${name} PRIVATE mpiddp GTest::gtest_main)
   foreach(source IN LISTS ARGN)
     get_filename_component(file ${source} NAME_WE)
-    file(STRINGS ${CMAKE_CURRENT_SOURCE_DIR}/${source} lines REGEX "^TEST(_F)?\\(")
-    set(filter "")
-    foreach(line IN LISTS lines)
-      string(REGEX REPLACE "^TEST(_F)?\\(([A-Za-z0-9_]+),.*" "\\2.*" suite "${line}")
-      list(APPEND filter ${suite})
-    endforeach()
-    list(REMOVE_DUPLICATES filter)
-    string(JOIN ":" filter ${filter})
+    _mpiddp_gtest_filter(filter ${source})
     add_test(NAME unit.${file} COMMAND ${name} --gtest_filter=${filter})
     set_tests_properties(unit.${file} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS unit
                          ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT}" FAIL_REGULAR_EXPRESSION "Running 0 tests from")
@@ -106,7 +133,7 @@ function(mpiddp_add_unit_tests name)
 endfunction()
 
 function(mpiddp_add_mpi_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;RANKS;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(ARG "" "GPU_CASES" "SOURCES;RANKS;LIBRARIES" ${ARGN})
   if(NOT ARG_RANKS)
     set(ARG_RANKS ${MPIDDP_TEST_RANKS})
   endif()
@@ -120,20 +147,27 @@ function(mpiddp_add_mpi_test name)
     set_tests_properties(mpi.${name}.np${n} PROPERTIES TIMEOUT ${MPIDDP_TEST_TIMEOUT} LABELS mpi
                          PROCESSORS ${n} ENVIRONMENT "${MPIDDP_TEST_ENVIRONMENT}")
   endforeach()
+  if(MPIDDP_GPU_TESTS)
+    set(gpu_filter ${ARG_GPU_CASES})
+    foreach(source IN LISTS ARG_SOURCES)
+      _mpiddp_gtest_filter(cuda_suites ${source} SUITE_REGEX "Cuda$")
+      if(cuda_suites)
+        list(APPEND gpu_filter ${cuda_suites})
+      endif()
+    endforeach()
+    if(gpu_filter)
+      string(JOIN ":" gpu_filter ${gpu_filter})
+      _mpiddp_add_gpu_cases(${name} "${gpu_filter}")
+    endif()
+  endif()
 endfunction()
 
-# A GPU case under MPIDDP_REQUIRE_GPU=1 fails instead of skipping where a GPU is missing (mpi_test.hpp),
-# so `ctest -L gpu` passes only where every case ran. A filter that selects nothing (a renamed case)
+# The GPU cases of MPI test NAME (a gtest filter) at 1 and 2 ranks. A GPU case under
+# MPIDDP_REQUIRE_GPU=1 fails instead of skipping where a GPU is missing (mpi_test.hpp), so
+# `ctest -L gpu` passes only where every case ran. A filter that selects nothing (a renamed case)
 # passes nothing: "[  PASSED  ] 0 tests" fails the entry.
-function(mpiddp_add_gpu_cases name filter)
-  if(NOT MPIDDP_GPU_TESTS)
-    return()
-  endif()
-  cmake_parse_arguments(ARG "" "" "RANKS" ${ARGN})
-  if(NOT ARG_RANKS)
-    set(ARG_RANKS 1 2)
-  endif()
-  foreach(n IN LISTS ARG_RANKS)
+function(_mpiddp_add_gpu_cases name filter)
+  foreach(n 1 2)
     add_test(NAME mpi.${name}.gpu.np${n}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${MPIDDP_MPIEXEC_FLAGS}
                      $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} --gtest_filter=${filter})

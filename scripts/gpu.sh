@@ -54,6 +54,8 @@ debs=${GPU_DEBS:-.gpu-debs}
 prefix=${GPU_PREFIX:-/opt/mpiddp-deps}
 build=${GPU_BUILD:-build-gpu}
 work=${GPU_WORK:-/tmp/mpiddp-gpu}
+mpiddp=$build/mpiddp
+data=$work/data
 mkdir -p "$out" "$work/logs"
 out=$(cd "$out" && pwd)
 logs=$work/logs
@@ -91,7 +93,10 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none  # no CMA inside a VM
 export PMIX_MCA_pcompress_base_silence_warning=1     # the prefix's PMIx finds no zlib plugin there
 [ "$rehearsal" = 1 ] || export MPIDDP_REQUIRE_GPU=1
 
-if has deps; then
+# ---- the stages, one function each (the dispatch at the end runs those asked for, in this order) ----
+
+deps() {
+  local f so name system link
   say "deps: unpacking $debs into $prefix"
   [ -d "$debs/core" ] || { result deps FAIL "no $debs/core: run scripts/gpu_debs.sh first and carry $debs"; exit 1; }
   rm -rf "$prefix" && mkdir -p "$prefix/fallback"
@@ -117,12 +122,10 @@ if has deps; then
       cp -r "$debs/fashion-mnist" /usr/share/datasets/fashion-mnist
   fi
   run_check "deps: mpirun runs 2 ranks from the prefix" timeout 60 mpirun --oversubscribe -n 2 true
-fi
+}
 
-say "torch $($py -c 'import torch; print(torch.__version__, torch.version.cuda)'); $py"
-nvidia-smi -L || true
-
-if has build; then
+build() {
+  local zlib
   # scripts/build_pip.sh: the wheel's libtorch and NCCL, CUDA and the NCCL backend ON, the test
   # Python this one; the prefix's Open MPI, HDF5, Boost, GoogleTest and protobuf beside it.
   say "build: $build"
@@ -135,11 +138,10 @@ if has build; then
     -DHDF5_hdf5_LIBRARY_RELEASE="$lib/hdf5/serial/libhdf5.so" -DProtobuf_PROTOC_EXECUTABLE="$usr/bin/protoc" \
     -DZLIB_ROOT="$prefix/fallback/usr" ${zlib:+-DZLIB_LIBRARY="$zlib"} -DCMAKE_UNITY_BUILD=ON -DMPIDDP_BUILD_TESTS=ON -DMPIDDP_GPU_TESTS=ON
   # (unity: a third less build time, as in scripts/test.sh)
-fi
-mpiddp=$build/mpiddp
-[ -x "$mpiddp" ] || { result "build: $mpiddp exists" FAIL; exit 1; }
+}
 
-if has tests; then
+tests() {
+  local selection jobs rc entries summary_line
   say "tests: ctest ($([ "$rehearsal" = 1 ] && echo "CPU rehearsal: GPU cases skip" || echo MPIDDP_REQUIRE_GPU=1))"
   # Not the cluster tests: system.modules holds Makefile.llsc to the host's module system and Debian's
   # own Open MPI first on PATH, where here the prefix's comes first (scripts/test.sh runs it on Debian
@@ -155,9 +157,9 @@ if has tests; then
     [ $rc -eq 0 ] && result "tests: suite (${GPU_SUITE:-all})" PASS "$(grep 'tests passed' "$out/tests.log")" ||
       result "tests: suite (${GPU_SUITE:-all})" FAIL "$(grep 'tests passed\|tests failed' "$out/tests.log")"
   fi
-  # The GPU cases, run (not skipped) at 1 and 2 ranks: the entries labelled gpu (tests/CMakeLists.txt,
-  # mpiddp_add_gpu_cases) set MPIDDP_REQUIRE_GPU=1, so a case without its GPU fails, and an entry that
-  # selects no case fails; their verdict is ctest's exit status. Collectives on CUDA (nccl at 1 rank;
+  # The GPU cases, run (not skipped) at 1 and 2 ranks: the entries labelled gpu (mpiddp_add_mpi_test:
+  # the suites named *Cuda and GPU_CASES) set MPIDDP_REQUIRE_GPU=1, so a case without its GPU fails,
+  # and an entry that selects no case fails; their verdict is ctest's exit status. Collectives on CUDA (nccl at 1 rank;
   # mpi staged or CUDA-aware), DDP on CUDA equal to one process, ZeRO 1 and 2 on CUDA equal to stage 0
   # and the GPT on CUDA following its CPU run.
   entries=$(ctest --test-dir "$build" -N -L '^gpu$' | awk '/Total Tests:/ {print $3}')
@@ -176,16 +178,19 @@ if has tests; then
   else
     result "tests: GPU cases, ctest -L gpu (1 and 2 ranks)" FAIL "$summary_line"
   fi
-fi
+}
 
-data=$work/data
-mkdir -p "$data"
-[ -f "$data/fm-train.h5" ] || "$mpiddp" data fashion-mnist --out "$data/fm" >/dev/null
-# Token shards (bytes) of this repository's own text, for the GPT: ~0.6 MB, llm.c's format.
-[ -f "$data/text_train_000001.bin" ] || "$mpiddp" data text --in README.md docs/*.md src/*/*.cpp src/*/*.hpp \
-  include/mpiddp/*.hpp --out "$data/text" >/dev/null
+# The data of the stages after tests (made once, kept in GPU_WORK).
+prepare_data() {
+  mkdir -p "$data"
+  [ -f "$data/fm-train.h5" ] || "$mpiddp" data fashion-mnist --out "$data/fm" >/dev/null
+  # Token shards (bytes) of this repository's own text, for the GPT: ~0.6 MB, llm.c's format.
+  [ -f "$data/text_train_000001.bin" ] || "$mpiddp" data text --in README.md docs/*.md src/*/*.cpp src/*/*.hpp \
+    include/mpiddp/*.hpp --out "$data/text" >/dev/null
+}
 
-if has cli; then
+cli() {
+  local n
   say "cli: info, bench"
   for n in 1 2; do
     mpirun --oversubscribe -n "$n" "$mpiddp" info >"$logs/info.np$n.txt" 2>&1
@@ -203,7 +208,7 @@ if has cli; then
   cat "$logs/bench_mpi_cuda.txt"
   run_check "bench --backend mpi --device cuda -c 1, 2 ranks on one GPU: 0 wrong" \
     grep -q "Out of bounds values : 0 OK" "$logs/bench_mpi_cuda.txt"
-fi
+}
 
 last_epoch() { $py -c 'import json,sys; print([x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "epoch"][-1][sys.argv[2]])' "$1" "$2"; }
 accuracy() { last_epoch "$1" test_accuracy; }
@@ -232,7 +237,9 @@ gpt2=(--model gpt --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --voca
 gpt_run=(--data "$data/text_train_000001.bin" --epochs 1000 --optimizer adamw --lr 1e-3 --betas 0.9,0.95
          --weight-decay 0.1 --weight-decay-params matrices --clip-grad-norm 1.0)
 
-if has train; then
+train() {
+  local m acc p ref got
+  local -a common
   say "train: Fashion-MNIST on the GPU"
   m=$logs/train_cnn.jsonl
   rm -f "$m"
@@ -298,9 +305,9 @@ PY
   resume_check "train gpt --zero-stage 3 --activation-checkpointing cuda np2 (mpi)" "$work/z3snap" 20 train \
     "${gpt_small[@]}" "${gpt_run[@]}" --batch-size 8 --grad-accum 2 --max-steps 60 --save-every-steps 20 --keep 0 \
     --device cuda --backend mpi --zero-stage 3 --activation-checkpointing --log-every 0
-fi
+}
 
-if has launch; then
+launch() {
   say "launch: a torchrun-style script under mpiddp launch, NCCL"
   # A torchrun-style DDP script under `mpiddp launch` with NCCL on the GPU (1 rank: NCCL refuses two
   # ranks on one GPU) equals one process on the global batch.
@@ -315,9 +322,10 @@ d = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
 print(f"launch vs one process: max |difference| {d:.3g}")
 assert d <= 1e-5
 PY
-fi
+}
 
-if has figures; then
+figures() {
+  local fig r model mm batch m t0 t1 gpu_name
   say "figures: $rounds round(s)"
   fig=$out/figures.jsonl
   : >"$fig"
@@ -344,7 +352,10 @@ if has figures; then
     done
     # GPT-2 small, bf16, 60 steps of 16 x 1024 tokens: tokens/s of the steps after the first 10
     # (mpiddp: its log lines' windows 11-20 .. 51-60; Python: its clock from step 10, synchronised),
-    # and the whole run's seconds, start-up included, as the user waits for it.
+    # and the whole run's seconds, start-up included, as the user waits for it. MFU: this script owns no
+    # FLOP formula or peak. mpiddp's row carries the mfu (and flops_per_s) of mpiddp's own record, over
+    # the same windows, where mpiddp knows the device's peak; for one model on one device MFU is
+    # proportional to tokens/s, so a peer's MFU is its tokens_per_s * mpiddp's mfu / mpiddp's tokens_per_s.
     m=$logs/fig.mpiddp.gpt2.$r.jsonl
     rm -f "$m"
     t0=$(date +%s.%N)
@@ -352,9 +363,11 @@ if has figures; then
       --device cuda --backend nccl --precision bf16 --log-every 10 --metrics "$m" >/dev/null
     t1=$(date +%s.%N)
     $py -c 'import json, statistics, sys
-w = [x["tokens_per_s"] for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "log"][1:]
-print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": "mpiddp", "tokens_per_s": statistics.median(w),
-                  "seconds": float(sys.argv[4]) - float(sys.argv[3])}))' "$m" "$r" "$t0" "$t1" >>"$fig" ||
+w = [x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "log"][1:]
+row = {"round": int(sys.argv[2]), "model": "gpt2", "who": "mpiddp", "tokens_per_s": statistics.median(x["tokens_per_s"] for x in w),
+       "seconds": float(sys.argv[4]) - float(sys.argv[3])}
+row.update({k: statistics.median(x[k] for x in w) for k in ("mfu", "flops_per_s") if w and all(k in x for x in w)})
+print(json.dumps(row))' "$m" "$r" "$t0" "$t1" >>"$fig" ||
       result "figures: mpiddp gpt2 round $r" FAIL
     m=$logs/fig.python.gpt2.$r.jsonl
     t0=$(date +%s.%N)
@@ -372,57 +385,12 @@ print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": "python", "
     done
   done
   gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-  $py - "$fig" "$gpu_name" <<'PY' | tee "$out/figures.md"
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-gpu = sys.argv[2]
-print(f"GPU: {gpu or 'unknown'}")
-print()
-print("| model | mpiddp samples/s (median, range) | Python DDP samples/s | mpiddp / Python (rounds) |")
-print("|---|---|---|---|")
-for model in ["cnn", "mlp_wide", "resnet18"]:
-    m = {r["round"]: r["samples_per_s"] for r in rows if r.get("who") == "mpiddp" and r["model"] == model}
-    p = {r["round"]: r["samples_per_s"] for r in rows if r.get("who") == "python" and r["model"] == model}
-    if not m or not p:
-        continue
-    ratios = sorted(m[k] / p[k] for k in m if k in p)
-    print(f"| {model} | {statistics.median(m.values()):.0f} ({min(m.values()):.0f}-{max(m.values()):.0f}) | "
-          f"{statistics.median(p.values()):.0f} ({min(p.values()):.0f}-{max(p.values()):.0f}) | "
-          f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)}) |")
-print()
-# GPT-2 small: tokens/s and MFU by llm.c's formula, 6 N + 6 L C T flops per token, against the
-# GPU's dense bf16 peak (H100 SXM and H200 989 TFLOP/s, H100 NVL 835, H100 PCIe 756).
-g = {who: [r for r in rows if r.get("model") == "gpt2" and r.get("who") == who] for who in ("mpiddp", "python")}
-if g["mpiddp"] and g["python"]:
-    n, l, c, t = g["python"][0]["params"], 12, 768, 1024
-    peak = 756e12 if "PCIe" in gpu else 835e12 if "NVL" in gpu else 989e12
-    flops = 6 * n + 6 * l * c * t
-    ratios = sorted(m["tokens_per_s"] / p["tokens_per_s"] for m in g["mpiddp"] for p in g["python"] if m["round"] == p["round"])
-    print("| GPT-2 small, bf16, 16 x 1024 tokens per step | tokens/s (median, range) | MFU | whole run, s (median) |")
-    print("|---|---|---|---|")
-    for who in ("mpiddp", "python"):
-        v = [r["tokens_per_s"] for r in g[who]]
-        s = [r["seconds"] for r in g[who]]
-        print(f"| {who} | {statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f}) | "
-              f"{100 * statistics.median(v) * flops / peak:.1f}% | {statistics.median(s):.1f} |")
-    print(f"mpiddp / Python tokens/s: {statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)}); "
-          f"N = {n} parameters, peak {peak / 1e12:.0f} TFLOP/s")
-    print()
-for model in ["cnn", "mlp"]:
-    d = [r for r in rows if r.get("who") == "ddp_bench" and r["model"] == model]
-    over = sorted(100 * (a / b - 1) for r in d for a, b in zip(r["ddp_ms"], r["local_ms"]))
-    if over:
-        print(f"DDP overhead, {model}: median {statistics.median(over):+.1f}% over the same steps without communication "
-              f"(quartiles {over[len(over) // 4]:+.1f}% .. {over[3 * len(over) // 4]:+.1f}%, {len(over)} blocks)")
-    gpu_ms = [x for r in d for x in r.get("device_ms", [])]
-    if gpu_ms:
-        step_ms = statistics.median(x for r in d for x in r["ddp_ms"])
-        print(f"NCCL collectives' GPU time per step, {model} (CUDA events): median {statistics.median(gpu_ms):.3f} ms "
-              f"({min(gpu_ms):.3f}-{max(gpu_ms):.3f}) of a {step_ms:.2f} ms step")
-PY
-fi
+  # The tables (bench/report.py: the same rules scripts/figures.py quotes in docs/gpu.md).
+  $py bench/report.py --gpu "$gpu_name" "$fig" | tee "$out/figures.md"
+}
 
-if has profile; then
+profile() {
+  local who sampler model
   # GPT-2 small (bf16, 16 x 1024 tokens a step), mpiddp and nanoGPT's GPT under Python DDP, each
   # profiled (PyTorch's profiler, Chrome traces into logs.tgz) over steps 20-22, every step's time
   # logged (mpiddp) and the GPU's memory sampled (nvidia-smi): where a step's time goes on each side.
@@ -468,7 +436,19 @@ for x in map(json.loads, open(sys.argv[1])):
   # The loss three ways at the same shape (bench/loss_kernels.py): what a bfloat16 loss would save.
   $py bench/loss_kernels.py | tee "$out/loss_kernels.jsonl"
   run_check "profile: the loss three ways timed" [ -s "$out/loss_kernels.jsonl" ]
-fi
+}
+
+# ---- dispatch ---------------------------------------------------------------------------------
+has deps && deps
+say "torch $($py -c 'import torch; print(torch.__version__, torch.version.cuda)'); $py"
+nvidia-smi -L || true
+has build && build
+[ -x "$mpiddp" ] || { result "build: $mpiddp exists" FAIL; exit 1; }
+has tests && tests
+prepare_data
+for stage in cli train launch figures profile; do
+  has "$stage" && "$stage"
+done
 
 tar czf "$out/logs.tgz" -C "$work" logs
 say "summary"

@@ -13,6 +13,14 @@ source "$(dirname "$0")/slurm_cluster.sh"
 mpiddp=$1 make_bad=$2 src=$3
 slurm_test_begin
 check "cluster: two idle nodes" [ "$(sinfo -h -N -t idle -o %N | sort -u | tr '\n' ' ')" = "node1 node2 " ]
+# mpirun's lost-node keepalive (docs/cluster.md): Slurm runs a copy of each script, which cannot
+# source a file beside it, so every script that runs mpirun carries batch.sh's three lines.
+keepalive=$(grep '^export OMPI_MCA_oob_tcp_keepalive_' "$src/batch/batch.sh")
+check "batch.sh: sets mpirun's keepalive time, interval and probes" [ "$(grep -c . <<<"$keepalive")" -eq 3 ]
+for f in "$src"/batch/*.sh; do
+  grep -q '^ *mpirun ' "$f" || continue
+  check "$(basename "$f"): mpirun's keepalive as batch.sh's" [ "$(grep '^export OMPI_MCA_oob_tcp_keepalive_' "$f")" = "$keepalive" ]
+done
 
 # What every job gets (sbatch exports the environment): a module "mpiddp" for this build (the
 # scripts `source /etc/profile`, which resets PATH, then `module load $MPIDDP_MODULES`), Open MPI's
