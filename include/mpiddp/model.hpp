@@ -102,5 +102,7 @@ bool has_deferred_parameters(const Model& model);
 /// The model's parameters (for building an optimizer), each tensor once (a tied weight, e.g. the
 /// GPT's lm_head/wte, under its first name only: PyTorch's named_parameters()).
 std::vector<torch::Tensor> parameters(const Model& model);
+/// Those of them that require grad: what an optimizer steps and clipping scales.
+std::vector<torch::Tensor> trainable_parameters(const Model& model);
 
 }  // namespace mpiddp

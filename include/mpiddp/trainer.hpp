@@ -241,8 +241,9 @@ class Trainer {
   /// stops every rank at the same step boundary, after a snapshot when snapshot_dir is set.
   /// Failures the ranks agree on (bad snapshot, NaN loss, unwritable snapshot) throw
   /// mpiddp::AgreedError on every rank.
+  using Note = std::function<void(const std::string&)>;
   FitResult fit(const std::function<void(const EpochMetrics&, const std::vector<std::string>&)>& on_epoch = nullptr,
-                const std::function<void(const std::string&)>& on_note = nullptr);
+                const Note& on_note = nullptr);
 
   /// The predicted peak memory of each rank for this run, by part (memory_plan.hpp). Runs one
   /// micro-batch's forward and backward to measure its activations, then puts back the random
@@ -253,8 +254,6 @@ class Trainer {
   Model& model() { return *model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const TrainerOptions& options() const { return options_; }
-  const DatasetInfo& data_info() const;
-  int64_t steps_per_epoch() const { return steps_per_epoch_; }
 
  private:
   void check_options() const;
@@ -273,16 +272,9 @@ class Trainer {
   /// One forward on two samples (evaluation mode, no gradient): the model takes the set's inputs
   /// and its outputs fit the targets. Local (collective once stage 3 has sharded the model).
   void check_model_fits_data();
-  /// What one micro-batch's forward and backward add to the process at their peak, besides the
-  /// parameters' gradients (`gradient_bytes`): the activations and backward's working memory (a
-  /// checkpointed block's recompute included), by running them once. 0 off the CPU. Local (collective
-  /// when `sharded`).
-  /// `sharded`: the model is sharded over it (stage 3, a deferred model): the probe runs through the
-  /// units' gathering without reducing (no_sync).
-  int64_t probe_activations(int64_t gradient_bytes, DistributedDataParallel* sharded);
-  /// `sharded`: planned once ZeRO stage 3 initialised a deferred model over it, the process's resident
-  /// size taken before (`resident_before_sharding`).
-  MemoryPlan plan_memory(DistributedDataParallel* sharded, int64_t resident_before_sharding);
+  /// The memory plan (train/memory_plan.hpp). `sharded`: the model is sharded over it (stage 3, a
+  /// deferred model), the process's resident size taken before (`resident_before_sharding`).
+  MemoryPlan planned(DistributedDataParallel* sharded = nullptr, int64_t resident_before_sharding = 0);
   /// check_model_fits_data() once sharded (collective: the units gathered), its failure agreed.
   void check_sharded_model_fits_data();
   DdpOptions ddp_options() const;  ///< fit()'s: the reduction of the ZeRO stage, stage 3's units
@@ -296,6 +288,12 @@ class Trainer {
   std::pair<torch::Tensor, torch::Tensor> forward_loss(const torch::Tensor& inputs, const torch::Tensor& targets);
   void set_lr(const StepInfo& at);
   double current_lr() const;
+  struct Run;  ///< fit()'s phases (trainer.cpp)
+  std::unique_ptr<Run> start(const Note& note, const Note& on_note, FitResult& result, detail::RunPosition& p);
+  /// One optimizer step (StepAgreement's verdict, the update, the progress line); returns the stop
+  /// signal the ranks agreed on (0: none).
+  int step(Run& run, detail::RunPosition& p, const Note& note);
+  std::string write_snapshot(Run& run, const detail::RunPosition& at);
   torch::Tensor micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
                             detail::StepAgreement& agreement, const detail::Update& update);
   void skip_step(const detail::RunPosition& p, int bad_rank, const std::function<void(const std::string&)>& note);

@@ -1,6 +1,10 @@
 #include "log/progress_log.hpp"
 
+#include <mpiddp/diagnostics.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/flops.hpp>
+#include <mpiddp/model.hpp>
+#include <mpiddp/runtime.hpp>
 
 #include <algorithm>
 #include <array>
@@ -85,6 +89,32 @@ void RunLogs::line(const nlohmann::json& j) {
 
 void RunLogs::scalar(const std::string& tag, double value, int64_t step) {
   if (tensorboard) tensorboard->add_scalar(tag, value, step);
+}
+
+// What samples/s makes tokens/s, FLOP/s and MFU with. FLOP/s counts model FLOPs (the option's
+// figure, else the model's own): the recompute of activation checkpointing is not counted, as MFU's
+// convention has it (PaLM, nanoGPT), so checkpointing shows as the MFU it costs. The job's peak is
+// this rank's device's times the ranks: a job's devices are taken to be alike, and rank 0, which
+// reports, names its own. No peak (no MFU) for the CPU or a device or precision flops.hpp lacks.
+Throughput throughput_of(const TrainerOptions& o, const Model& model, int64_t tokens_per_sample, const Runtime& runtime) {
+  Throughput t;
+  t.tokens_per_sample = tokens_per_sample;
+  const bool own_count = o.flops_per_sample <= 0;  // the model's own figure (the built-in GPT: no convolution)
+  t.flops_per_sample = own_count ? model.training_flops_per_sample(t.tokens_per_sample) : o.flops_per_sample;
+  // A CUDA device without an index is the current one, which a tensor made there names.
+  const c10::Device device = o.device.is_cuda() && !o.device.has_index()
+                                 ? torch::empty({0}, torch::TensorOptions().device(o.device)).device()
+                                 : o.device;
+  const auto gpu = describe_gpu(device);
+  if (!gpu) return t;
+  // fp32 work runs on TF32 tensor cores where libtorch allows it (cuDNN's convolutions do by default,
+  // and a user's model may convolve): against the plain fp32 peak MFU would then read high, so none.
+  const auto& ctx = at::globalContext();
+  const bool tf32 = o.precision == c10::kFloat && (ctx.allowTF32CuBLAS() || (ctx.allowTF32CuDNN() && !own_count));
+  // The GPUs the job runs on (alike on every node): ranks that share a GPU share its peak.
+  const int gpus = runtime.node_count() * std::min(runtime.local_size(), std::max(1, runtime.visible_gpus()));
+  if (const auto peak = dense_peak_flops(gpu->name, o.precision); peak && !tf32) t.peak_flops_per_s = *peak * gpus;
+  return t;
 }
 
 nlohmann::json to_json(const EpochMetrics& m, int world_size) {

@@ -51,6 +51,11 @@ struct Throughput {
   }
 };
 
+/// What a run's samples/s makes tokens/s, FLOP/s and MFU with: the option's FLOPs per sample, else
+/// the model's own, and the job's dense peak (flops.hpp) where its devices and precision have one.
+Throughput throughput_of(const TrainerOptions& options, const Model& model, int64_t tokens_per_sample,
+                         const Runtime& runtime);
+
 /// One epoch's numbers as the metrics file writes them ("kind": "epoch"); TensorBoard's epoch/*
 /// scalars are the same numbers.
 nlohmann::json to_json(const EpochMetrics& m, int world_size);

@@ -231,4 +231,10 @@ std::vector<torch::Tensor> parameters(const Model& model) {
   return out;
 }
 
+std::vector<torch::Tensor> trainable_parameters(const Model& model) {
+  auto out = parameters(model);
+  out.erase(std::remove_if(out.begin(), out.end(), [](const torch::Tensor& p) { return !p.requires_grad(); }), out.end());
+  return out;
+}
+
 }  // namespace mpiddp

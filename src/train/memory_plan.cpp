@@ -1,14 +1,65 @@
-// The memory plan's rule: each part by what it is and how ZeRO shards it.
+// The memory plan of a training run (memory_plan.hpp): its inputs read from the run, the probe,
+// the rule, the text.
 #include "train/memory_plan.hpp"
 
-#include <algorithm>
-#include <numeric>
+#include <mpiddp/compat.hpp>
+#include <mpiddp/units.hpp>
+#include <mpiddp/zero.hpp>
 
-#include <mpiddp/ddp.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <optional>
+#include <set>
+#include <sstream>
 
 #include "snapshot/parallel_snapshot.hpp"
+#include "snapshot/snapshot_policy.hpp"
 
-namespace mpiddp::detail {
+namespace mpiddp {
+
+namespace {
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+}  // namespace
+
+std::string MemoryPlan::describe() const {
+  std::ostringstream out;
+  out << "memory plan per rank: peak " << mib(peak()) << " MiB = process " << mib(process) << " + parameters "
+      << mib(parameters) << " + gradients " << mib(gradients) << " + optimizer state " << mib(optimizer_state)
+      << " + activations " << mib(activations) << " + snapshot buffers " << mib(snapshot_buffers);
+  return out.str();
+}
+
+std::string MemoryPlan::against(const std::vector<int64_t>& rank_peaks, int64_t steps) const {
+  const auto top = std::max_element(rank_peaks.begin(), rank_peaks.end());
+  const auto least = std::min_element(rank_peaks.begin(), rank_peaks.end());
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2f", static_cast<double>(*top) / static_cast<double>(std::max<int64_t>(1, peak())));
+  std::ostringstream out;
+  out << "memory: measured peak " << mib(*top) << " MiB per rank (rank " << top - rank_peaks.begin();
+  if (rank_peaks.size() > 1) out << "; the least " << mib(*least) << ", rank " << least - rank_peaks.begin();
+  out << ") after " << steps << (steps == 1 ? " step" : " steps") << ", " << ratio << " x the plan's " << mib(peak())
+      << " MiB";
+  return out.str();
+}
+
+namespace detail {
+
+CpuGeneratorGuard::CpuGeneratorGuard() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  state_ = generator.get_state();
+}
+
+CpuGeneratorGuard::~CpuGeneratorGuard() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state_);
+}
 
 namespace {
 
@@ -34,9 +85,89 @@ int64_t gathered_unit_bytes(const PlanInputs& in) {
   return std::accumulate(units.begin(), units.begin() + static_cast<std::ptrdiff_t>(gathered), int64_t{0});
 }
 
+// Optimizer state tensors per parameter element: Adam/AdamW's two moments (three with AMSGrad),
+// SGD's momentum buffer; 2 for an optimizer this does not know.
+int state_fields(const torch::optim::Optimizer& optimizer) {
+  if (optimizer.param_groups().empty()) return 0;
+  auto& options = optimizer.param_groups().front().options();
+  if (auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) return adam->amsgrad() ? 3 : 2;
+  if (auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) return adamw->amsgrad() ? 3 : 2;
+  if (auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) return sgd->momentum() != 0 ? 1 : 0;
+  return 2;
+}
+
+int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// Drops a parameter's gradient as soon as autograd has accumulated it (the memory plan's probe).
+struct DropGradient : torch::autograd::FunctionPostHook {
+  explicit DropGradient(torch::Tensor p) : param(std::move(p)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    param.mutable_grad().reset();
+    return outputs;
+  }
+  torch::Tensor param;
+};
+
+// What one micro-batch's forward and backward add to the process at their peak, besides the
+// parameters' gradients (`gradient_bytes`): the activations and backward's working memory (a
+// checkpointed block's recompute included), by running them once. 0 off the CPU.
+int64_t probe_activations(const PlannedRun& run, int64_t gradient_bytes, DistributedDataParallel* sharded) {
+  const auto& o = run.options;
+  if (!o.device.is_cpu()) return 0;  // the CUDA caching allocator's figures: not yet
+  // What the step moves, put back after: the CPU generator (dropout), the buffers (BatchNorm),
+  // the gradients (none yet: each parameter's .grad left undefined, as training starts).
+  const CpuGeneratorGuard rng;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
+  for (const auto& [name, t] : run.model.named_buffers()) buffers.emplace_back(t, t.clone());
+  const auto batch = run.train.read_range(0, std::min<int64_t>(o.batch_size, run.train.size()));
+  const auto params = trainable_parameters(run.model);
+  // At stages 2-3 a gradient is whole only while its bucket is reduced: here each is dropped as it
+  // arrives, so that the probe holds one at a time, not the model's (at stage 3, the whole model and
+  // its gradients: 8 B/param).
+  const bool drop_gradients = o.zero_stage >= 2;
+  struct Hooks {
+    std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> added;
+    ~Hooks() {
+      for (auto& [accumulator, key] : added) accumulator->del_post_hook(key);
+    }
+  } droppers;
+  if (drop_gradients) {
+    for (const auto& p : params) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(p);
+      if (!accumulator) continue;
+      const auto key = accumulator->add_post_hook(std::make_unique<DropGradient>(p));
+      droppers.added.emplace_back(std::move(accumulator), key);
+    }
+  }
+  // The peak of a forward and backward over what the process holds now: the high-water mark is
+  // reset to the current resident size first (Linux's clear_refs 5), then read after backward.
+  // Where it cannot be reset, what the forward holds for backward (malloc's bytes in use).
+  const int64_t resident = resident_bytes();
+  const bool peak_reset = reset_peak_resident_bytes();
+  const int64_t heap = heap_bytes_in_use();
+  int64_t held = 0;
+  {
+    std::optional<DistributedDataParallel::NoSync> local;  // sharded: the units gathered, nothing reduced
+    if (sharded) local.emplace(sharded);
+    auto loss = run.loss(batch);
+    held = heap_bytes_in_use() - heap;
+    loss.backward();
+  }
+  // The step's peak less the parameters' gradients (the plan counts those by ZeRO's rule).
+  const int64_t kept_gradients = drop_gradients ? 0 : gradient_bytes;
+  const int64_t step_peak = peak_reset ? peak_resident_bytes() - resident - kept_gradients : held;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : params) p.mutable_grad().reset();
+    for (auto& [t, saved] : buffers) t.copy_(saved);
+  }
+  return std::max<int64_t>({0, held, step_peak});
+}
+
 }  // namespace
 
-MemoryPlan plan_memory(const PlanInputs& in) {
+MemoryPlan plan_from(const PlanInputs& in) {
   MemoryPlan plan;
   const auto units = sharded_units(in);
   const int64_t unit_bytes = std::accumulate(units.begin(), units.end(), int64_t{0});
@@ -73,4 +204,46 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   return plan;
 }
 
-}  // namespace mpiddp::detail
+MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded, int64_t resident_before_sharding) {
+  const auto& o = run.options;
+  detail::PlanInputs in;
+  // Sharded (a deferred model): the process as it was before ZeRO made its slices, gradient shards
+  // and gathering buffers, which the plan counts by their rules; it held the tensors with memory.
+  in.resident = sharded ? resident_before_sharding : resident_bytes();
+  std::set<const void*> seen;
+  in.model_resident = 0;  // counted below (a model all deferred holds none: not "unknown")
+  for (const auto& named : {run.model.named_parameters(), run.model.named_buffers()}) {
+    for (const auto& [name, t] : named) {
+      if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+      in.model_bytes += bytes_of(t);
+      if (!is_deferred(t)) in.model_resident += bytes_of(t);
+      in.largest_tensor = std::max(in.largest_tensor, bytes_of(t));
+    }
+  }
+  for (const auto& p : trainable_parameters(run.model)) in.trainable_bytes += bytes_of(p);
+  in.world = run.pg.size();
+  in.zero_stage = o.zero_stage;
+  if (o.zero_stage == 3) {
+    for (const auto& unit : run.model.units()) {
+      in.units.push_back(0);
+      for (const auto& p : unit) in.units.back() += p.requires_grad() ? bytes_of(p) : 0;
+    }
+  }
+  in.prefetch = o.zero.prefetch;
+  in.reshard_after_forward = o.zero.reshard_after_forward;
+  in.bucket_cap = o.ddp.bucket_cap_bytes != kAutoBucketCap ? o.ddp.bucket_cap_bytes
+                                                          : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes);
+  in.reduce_scatter_scratch = [&pg = run.pg](int64_t bytes) { return pg.reduce_scatter_scratch_bytes(bytes); };
+  in.state_fields = state_fields(run.optimizer);
+  in.snapshots = detail::SnapshotPolicy(o).enabled();
+  const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;
+  in.snapshot_through_rank_zero =
+      detail::resolve_io(detail::SnapshotIo::kAuto, snapshot_bytes) == detail::SnapshotIo::kThroughRankZero;
+  // Sharded: the probe's gathering reuses the buffers the data check's forward left (they are in the
+  // resident size it starts from), so its peak is the activations'.
+  in.activations = probe_activations(run, in.trainable_bytes, sharded);
+  return plan_from(in);
+}
+
+}  // namespace detail
+}  // namespace mpiddp

@@ -1,7 +1,15 @@
-// The memory plan's rule (include/mpiddp/memory_plan.hpp) from what the Trainer knows and measures.
+// The memory plan of a training run, in one room: what it reads of the run (PlannedRun), the probe
+// that measures one micro-batch's activations, the rule that adds the parts up by ZeRO's sharding
+// (plan_from), and the text (MemoryPlan::describe, against). The public face is
+// include/mpiddp/memory_plan.hpp; Trainer::plan_memory() and fit() call plan_run().
 #pragma once
 
+#include <mpiddp/data.hpp>
+#include <mpiddp/ddp.hpp>
 #include <mpiddp/memory_plan.hpp>
+#include <mpiddp/model.hpp>
+#include <mpiddp/process_group.hpp>
+#include <mpiddp/trainer.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -29,7 +37,39 @@ struct PlanInputs {
   int64_t activations = 0;         ///< a micro-batch's activations and backward's working memory (probed)
 };
 
-MemoryPlan plan_memory(const PlanInputs& in);
+/// The rule: each part by what it is and how ZeRO shards it.
+MemoryPlan plan_from(const PlanInputs& in);
 
+/// What the plan reads of a run.
+struct PlannedRun {
+  const Model& model;
+  const torch::optim::Optimizer& optimizer;
+  const TrainerOptions& options;
+  ProcessGroup& pg;
+  const SampleSet& train;  ///< the probe's micro-batch: its first batch_size samples
+  /// The loss of a micro-batch (the Trainer's forward, under its precision).
+  std::function<torch::Tensor(const Example& batch)> loss;
+};
+
+/// The plan of `run`, its activations measured by one forward and backward on the CPU (0 off it),
+/// after which the random generator, the buffers and the gradients it moved are put back: training
+/// is unchanged. Local, or collective when `sharded`: the model is sharded over it (ZeRO stage 3
+/// initialised a deferred model), the probe then runs through the units' gathering without reducing
+/// (no_sync), and the process's resident size is the one taken before sharding.
+MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded = nullptr,
+                    int64_t resident_before_sharding = 0);
+
+/// Holds the CPU generator's state and puts it back when it goes (the probe's draws, and deferred
+/// initialisation's when only planned).
+class CpuGeneratorGuard {
+ public:
+  CpuGeneratorGuard();
+  ~CpuGeneratorGuard();
+  CpuGeneratorGuard(const CpuGeneratorGuard&) = delete;
+  CpuGeneratorGuard& operator=(const CpuGeneratorGuard&) = delete;
+
+ private:
+  torch::Tensor state_;
+};
 
 }  // namespace mpiddp::detail

@@ -49,15 +49,6 @@ using detail::shape_text;
 
 namespace {
 
-// The parameters that the optimizer steps and clipping scales (a tied weight once).
-std::vector<torch::Tensor> trainable(const Model& model) {
-  std::vector<torch::Tensor> out;
-  for (const auto& param : parameters(model)) {
-    if (param.requires_grad()) out.push_back(param);
-  }
-  return out;
-}
-
 // A step's rows as `k` micro-batches of equal size, in order.
 std::vector<Example> split_micro_batches(const Example& step, int64_t k) {
   if (k == 1) return {step};
@@ -83,33 +74,6 @@ class EpochClock {
   std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
 };
 
-// What samples/s makes tokens/s, FLOP/s and MFU with. FLOP/s counts model FLOPs (the option's
-// figure, else the model's own): the recompute of activation checkpointing is not counted, as MFU's
-// convention has it (PaLM, nanoGPT), so checkpointing shows as the MFU it costs. The job's peak is
-// this rank's device's times the ranks: a job's devices are taken to be alike, and rank 0, which
-// reports, names its own. No peak (no MFU) for the CPU or a device or precision flops.hpp lacks.
-detail::Throughput throughput_of(const TrainerOptions& o, const Model& model, const detail::Task& task,
-                                 const Runtime& runtime) {
-  detail::Throughput t;
-  t.tokens_per_sample = task.tokens_per_sample();
-  const bool own_count = o.flops_per_sample <= 0;  // the model's own figure (the built-in GPT: no convolution)
-  t.flops_per_sample = own_count ? model.training_flops_per_sample(t.tokens_per_sample) : o.flops_per_sample;
-  // A CUDA device without an index is the current one, which a tensor made there names.
-  const c10::Device device = o.device.is_cuda() && !o.device.has_index()
-                                 ? torch::empty({0}, torch::TensorOptions().device(o.device)).device()
-                                 : o.device;
-  const auto gpu = describe_gpu(device);
-  if (!gpu) return t;
-  // fp32 work runs on TF32 tensor cores where libtorch allows it (cuDNN's convolutions do by default,
-  // and a user's model may convolve): against the plain fp32 peak MFU would then read high, so none.
-  const auto& ctx = at::globalContext();
-  const bool tf32 = o.precision == c10::kFloat && (ctx.allowTF32CuBLAS() || (ctx.allowTF32CuDNN() && !own_count));
-  // The GPUs the job runs on (alike on every node): ranks that share a GPU share its peak.
-  const int gpus = runtime.node_count() * std::min(runtime.local_size(), std::max(1, runtime.visible_gpus()));
-  if (const auto peak = dense_peak_flops(gpu->name, o.precision); peak && !tf32) t.peak_flops_per_s = *peak * gpus;
-  return t;
-}
-
 }  // namespace
 
 // ---- construction: every check that needs no other rank ----------------------------------------
@@ -129,7 +93,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& m
                                          " samples cannot fill one batch of " + std::to_string(o.batch_size) +
                                          (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") +
                                          " on each of " + std::to_string(runtime.size()) + " ranks");
-  throughput_ = std::make_unique<detail::Throughput>(throughput_of(o, *model_, *task_, runtime));
+  throughput_ = std::make_unique<detail::Throughput>(detail::throughput_of(o, *model_, task_->tokens_per_sample(), runtime));
   // Rank 0's files, last: every check above has passed before anything is created (a deferred
   // model's check against the data waits for fit(), which shards it first).
   logs_ = std::make_unique<detail::RunLogs>(o, runtime.rank());
@@ -220,60 +184,25 @@ void Trainer::check_model_fits_data() {
   }
 }
 
-namespace {
-
-// Optimizer state tensors per parameter element: Adam/AdamW's two moments (three with AMSGrad),
-// SGD's momentum buffer; 2 for an optimizer this does not know.
-int state_fields(const torch::optim::Optimizer& optimizer) {
-  if (optimizer.param_groups().empty()) return 0;
-  auto& options = optimizer.param_groups().front().options();
-  if (auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) return adam->amsgrad() ? 3 : 2;
-  if (auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) return adamw->amsgrad() ? 3 : 2;
-  if (auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) return sgd->momentum() != 0 ? 1 : 0;
-  return 2;
-}
-
-int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
-torch::Tensor cpu_generator_state() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_cpu_generator_state(const torch::Tensor& state) {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
-
-// Drops a parameter's gradient as soon as autograd has accumulated it (the memory plan's probe).
-struct DropGradient : torch::autograd::FunctionPostHook {
-  explicit DropGradient(torch::Tensor p) : param(std::move(p)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    param.mutable_grad().reset();
-    return outputs;
-  }
-  torch::Tensor param;
-};
-
-}  // namespace
-
 MemoryPlan Trainer::plan_memory() {
-  if (!has_deferred_parameters(*model_)) return plan_memory(nullptr, 0);
+  if (!has_deferred_parameters(*model_)) return planned();
   // A deferred model is planned as fit() plans it: initialised and sharded by ZeRO stage 3, then
   // left deferred again (its slices dropped, the generator its draws moved put back).
-  const auto rng = cpu_generator_state();
+  const detail::CpuGeneratorGuard rng;
   auto zero = options_.zero;
   zero.whole_at_end = false;
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
   const int64_t resident = resident_bytes();
-  detail::Update update(*optimizer_, trainable(*model_), options_, pg_, {}, ddp, *model_, /*initialise_units=*/true, &zero);
+  detail::Update update(*optimizer_, trainable_parameters(*model_), options_, pg_, {}, ddp, *model_,
+                        /*initialise_units=*/true, &zero);
   check_sharded_model_fits_data();
-  auto plan = plan_memory(&ddp, resident);
-  set_cpu_generator_state(rng);
-  return plan;
+  return planned(&ddp, resident);
+}
+
+MemoryPlan Trainer::planned(DistributedDataParallel* sharded, int64_t resident_before_sharding) {
+  const detail::PlannedRun run{*model_, *optimizer_, options_, pg_, *train_,
+                               [this](const Example& e) { return forward_loss(e.inputs, e.targets).second; }};
+  return detail::plan_run(run, sharded, resident_before_sharding);
 }
 
 // After sharding every rank runs the same check on the same samples: its verdict is every rank's.
@@ -291,104 +220,7 @@ DdpOptions Trainer::ddp_options() const {
   return ddp;
 }
 
-MemoryPlan Trainer::plan_memory(DistributedDataParallel* sharded, int64_t resident_before_sharding) {
-  const auto& o = options_;
-  detail::PlanInputs in;
-  // Sharded (a deferred model): the process as it was before ZeRO made its slices, gradient shards
-  // and gathering buffers, which the plan counts by their rules; it held the tensors with memory.
-  in.resident = sharded ? resident_before_sharding : resident_bytes();
-  std::set<const void*> seen;
-  in.model_resident = 0;  // counted below (a model all deferred holds none: not "unknown")
-  for (const auto& named : {model_->named_parameters(), model_->named_buffers()}) {
-    for (const auto& [name, t] : named) {
-      if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
-      in.model_bytes += bytes_of(t);
-      if (!is_deferred(t)) in.model_resident += bytes_of(t);
-      in.largest_tensor = std::max(in.largest_tensor, bytes_of(t));
-    }
-  }
-  for (const auto& p : trainable(*model_)) in.trainable_bytes += bytes_of(p);
-  in.world = runtime_.size();
-  in.zero_stage = o.zero_stage;
-  if (o.zero_stage == 3) {
-    for (const auto& unit : model_->units()) {
-      in.units.push_back(0);
-      for (const auto& p : unit) in.units.back() += p.requires_grad() ? bytes_of(p) : 0;
-    }
-  }
-  in.prefetch = o.zero.prefetch;
-  in.reshard_after_forward = o.zero.reshard_after_forward;
-  in.bucket_cap = o.ddp.bucket_cap_bytes != kAutoBucketCap ? o.ddp.bucket_cap_bytes
-                                                          : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes);
-  in.reduce_scatter_scratch = [this](int64_t bytes) { return pg_.reduce_scatter_scratch_bytes(bytes); };
-  in.state_fields = state_fields(*optimizer_);
-  in.snapshots = detail::SnapshotPolicy(o).enabled();
-  const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;
-  in.snapshot_through_rank_zero =
-      detail::resolve_io(detail::SnapshotIo::kAuto, snapshot_bytes) == detail::SnapshotIo::kThroughRankZero;
-  // Sharded: the probe's gathering reuses the buffers the data check's forward left (they are in the
-  // resident size it starts from), so its peak is the activations'.
-  in.activations = probe_activations(in.trainable_bytes, sharded);
-  return detail::plan_memory(in);
-}
-
-int64_t Trainer::probe_activations(int64_t gradient_bytes, DistributedDataParallel* sharded) {
-  const auto& o = options_;
-  if (!o.device.is_cpu()) return 0;  // the CUDA caching allocator's figures: not yet
-  // What the step moves, put back after: the CPU generator (dropout), the buffers (BatchNorm),
-  // the gradients (none yet: each parameter's .grad left undefined, as training starts).
-  const auto rng = cpu_generator_state();
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
-  for (const auto& [name, t] : model_->named_buffers()) buffers.emplace_back(t, t.clone());
-  const auto batch = train_->read_range(0, std::min<int64_t>(o.batch_size, train_->size()));
-  const auto params = trainable(*model_);
-  // At stages 2-3 a gradient is whole only while its bucket is reduced: here each is dropped as it
-  // arrives, so that the probe holds one at a time, not the model's (at stage 3 that was the
-  // start-up's peak, the whole model and its gradients: 8 B/param).
-  const bool drop_gradients = o.zero_stage >= 2;
-  struct Hooks {
-    std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> added;
-    ~Hooks() {
-      for (auto& [accumulator, key] : added) accumulator->del_post_hook(key);
-    }
-  } droppers;
-  if (drop_gradients) {
-    for (const auto& p : params) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(p);
-      if (!accumulator) continue;
-      const auto key = accumulator->add_post_hook(std::make_unique<DropGradient>(p));
-      droppers.added.emplace_back(std::move(accumulator), key);
-    }
-  }
-  // The peak of a forward and backward over what the process holds now: the high-water mark is
-  // reset to the current resident size first (Linux's clear_refs 5), then read after backward.
-  // Where it cannot be reset, what the forward holds for backward (malloc's bytes in use).
-  const int64_t resident = resident_bytes();
-  const bool peak_reset = reset_peak_resident_bytes();
-  const int64_t heap = heap_bytes_in_use();
-  int64_t held = 0;
-  {
-    std::optional<DistributedDataParallel::NoSync> local;  // sharded: the units gathered, nothing reduced
-    if (sharded) local.emplace(sharded);
-    auto loss = forward_loss(batch.inputs, batch.targets).second;
-    held = heap_bytes_in_use() - heap;
-    loss.backward();
-  }
-  // The step's peak less the parameters' gradients (the plan counts those by ZeRO's rule).
-  const int64_t kept_gradients = drop_gradients ? 0 : gradient_bytes;
-  const int64_t step_peak = peak_reset ? peak_resident_bytes() - resident - kept_gradients : held;
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : params) p.mutable_grad().reset();
-    for (auto& [t, saved] : buffers) t.copy_(saved);
-  }
-  set_cpu_generator_state(rng);
-  return std::max<int64_t>({0, held, step_peak});
-}
-
 Trainer::~Trainer() = default;
-
-const DatasetInfo& Trainer::data_info() const { return train_->info(); }
 
 namespace {
 // Under autocast (bf16, fp16) the loss and whoever reads the outputs still see float32.
@@ -469,107 +301,146 @@ std::pair<double, double> Trainer::evaluate() {
 
 // ---- training ------------------------------------------------------------------------------------
 
+// fit()'s phases, made in this order and ended in the reverse one (the Update last but DDP: at stage 3
+// it hands the units back before DDP's hooks go).
+struct Trainer::Run {
+  Run(Trainer& t, const RunPlan& plan, const RunPosition& from, int read_ahead, const Note& on_note)
+      : plan(plan),
+        ddp(t.model_->named_parameters(), t.model_->named_buffers(), t.pg_, t.ddp_options()),
+        resident_before_sharding(resident_bytes()),
+        agreement(ddp.mean_tail(), t.pg_),
+        progress(*t.logs_, t.options_, t.runtime_, plan, from, *t.throughput_, on_note),
+        snapshots(t.options_),
+        profiler(t.options_, t.runtime_.rank()),
+        read_ahead(read_ahead) {}
+
+  const RunPlan plan;
+  DistributedDataParallel ddp;
+  const int64_t resident_before_sharding;  ///< the communication's buffers made, nothing sharded yet
+  detail::StepAgreement agreement;
+  std::unique_ptr<detail::Update> update;  ///< once a resume has put the optimizer's state in place
+  detail::ProgressLog progress;
+  std::unique_ptr<detail::BatchSource> batches;  ///< from the position the run starts at
+  const detail::SnapshotPolicy snapshots;
+  detail::StepProfiler profiler;
+  const int read_ahead;
+  std::optional<MemoryPlan> memory;
+  int64_t steps_run = 0;        ///< by this fit(); the measured peak is reported after kMemoryCheckSteps
+  int64_t saved_step = -1;      ///< the global step of the last snapshot after a step
+  double first_step_unix_s = 0;
+};
+
 FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::vector<std::string>&)>& on_epoch,
-                       const std::function<void(const std::string&)>& on_note) {
+                       const Note& on_note) {
   const auto& o = options_;
-  auto note = [&](const std::string& text) {
+  const Note note = [&](const std::string& text) {
     if (on_note && runtime_.rank() == 0) on_note(text);
   };
   detail::StopSignals stop_signals(o.stop_signals);
-  const int read_ahead = detail::BatchSource::read_ahead(*train_, o, runtime_, note);
   FitResult result;
-  if (detail::SnapshotPolicy(o).enabled()) detail::check_shared_directory(runtime_.world(), o.snapshot_dir);
   RunPosition p;
-  const bool deferred = has_deferred_parameters(*model_);  // stage 3: ZeRO initialises it unit by unit below
-  auto resumed = restore(note, &result.resumed_from, p);
-  std::optional<MemoryPlan> memory;
-  if (o.memory_plan && !deferred) {  // a deferred model's once ZeRO has initialised it, below
-    memory = plan_memory(nullptr, 0);
-    note(memory->describe());
-  }
-  int64_t steps_run = 0;  ///< by this call; the measured peak is reported after kMemoryCheckSteps
-  const RunPlan plan(o.epochs, steps_per_epoch_, o.max_steps);
-  DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
-  const int64_t resident_before_sharding = resident_bytes();  // the communication's buffers made
-  detail::StepAgreement agreement(ddp.mean_tail(), pg_);
-  detail::Update update(*optimizer_, trainable(*model_), o, pg_, p, ddp, *model_, /*initialise_units=*/!resumed);
-  if (resumed) {  // the optimizer's state last: under ZeRO each rank reads only its slices
-    restore_shards(*resumed, update.zero(), deferred);
-    resumed.reset();
-  }
-  if (deferred) {  // initialised, sharded: checked and planned now, through the units' gathering
-    check_sharded_model_fits_data();
-    if (o.memory_plan) {
-      memory = plan_memory(&ddp, resident_before_sharding);
-      note(memory->describe());
-    }
-  }
-  if (memory) reset_peak_resident_bytes();  // the measured peak is training's (stage 3 sharded the model just now)
-  detail::ProgressLog progress(*logs_, o, runtime_, plan, p, *throughput_, on_note);
-  detail::BatchSource batches(*train_, o, runtime_, plan, p, read_ahead);
-  const detail::SnapshotPolicy snapshots(o);
-  auto snapshot = [&](RunPosition at) {
-    auto hold = batches.pause();  // HDF5 is not thread-safe: the reader waits
-    update.save_state(at);
-    return save(at, update.zero());
-  };
-  detail::StepProfiler profiler(o, runtime_.rank());
-  double first_step_unix_s = 0;
-  int64_t saved_step = -1;  ///< the global step of the last snapshot after_step wrote
-  model_->train(true);
-  for (; plan.running(p); p = p.next_epoch()) {
+  auto run = start(note, on_note, result, p);
+  for (; run->plan.running(p); p = p.next_epoch()) {
     const RunPosition epoch_start = p;
-    progress.start_epoch();
+    run->progress.start_epoch();
     EpochClock clock;
-    while (plan.epoch_running(p)) {
-      const Example batch = batches.next();
-      profiler.before_step(p.global_step);
-      set_lr({p.global_step, p.epoch, plan.total_steps});
-      p.lr = current_lr();
-      const auto step_loss = micro_steps(split_micro_batches(batch, o.grad_accum), ddp, agreement, update);
-      const auto verdict = agreement.settle();  // the step's one wait for the device
-      const double loss = step_loss.item<double>();
-      if (verdict.bad_rank >= 0) {
-        skip_step(p, verdict.bad_rank, note);
-        ++p.skipped;
-      } else {
-        if (!update.apply()) ++p.overflow;
-        p.loss_sum += loss;  // an fp16 overflow's loss still counts: the forward was real
-      }
-      ddp.zero_grad();
-      p.advance();
-      if (const auto written = profiler.after_step(p.global_step); !written.empty()) note("profile written: " + written);
-      progress.on_step(p, loss, verdict.bad_rank >= 0);
-      if (++steps_run == kMemoryCheckSteps && memory) note(measured_memory(*memory, steps_run));
-      if (first_step_unix_s == 0) first_step_unix_s = detail::unix_seconds();
-      if (snapshots.after_step(p, verdict.stop_signal != 0)) {
+    while (run->plan.epoch_running(p)) {
+      const int stop_signal = step(*run, p, note);
+      if (run->snapshots.after_step(p, stop_signal != 0)) {
         p.seconds += clock.lap();
-        result.last_snapshot = snapshot(p);
-        saved_step = p.global_step;
+        result.last_snapshot = write_snapshot(*run, p);
+        run->saved_step = p.global_step;
         clock.restart();
       }
-      if (verdict.stop_signal != 0) return stopped(result, p, verdict.stop_signal, note);
+      if (stop_signal != 0) return stopped(result, p, stop_signal, note);
     }
     p.seconds += clock.lap();
-    EpochMetrics m = finish_epoch(p, epoch_start, update.loss_scale(), batches);
-    if (result.epochs.empty()) m.first_step_unix_s = first_step_unix_s;  // this run's first epoch
-    progress.on_epoch(m);
+    EpochMetrics m = finish_epoch(p, epoch_start, run->update->loss_scale(), *run->batches);
+    if (result.epochs.empty()) m.first_step_unix_s = run->first_step_unix_s;  // this run's first epoch
+    run->progress.on_epoch(m);
     result.epochs.push_back(m);
     if (on_epoch) {
-      auto hold = batches.pause();  // the callback may use HDF5 too
+      auto hold = run->batches->pause();  // the callback may use HDF5 too
       on_epoch(m, rank_lines(p));
     }
     // A run that --max-steps ends inside an epoch resumes there (unless that step's snapshot is
     // written already). Every rank decides alike: saved_step, not the path only rank 0 knows.
-    const bool saved_here = saved_step == p.global_step;
-    if (snapshots.after_epoch(p, plan.last_epoch(p)) && (plan.epoch_done(p) || !saved_here)) {
-      result.last_snapshot = snapshot(plan.epoch_done(p) ? p.next_epoch() : p);
+    const bool saved_here = run->saved_step == p.global_step;
+    if (run->snapshots.after_epoch(p, run->plan.last_epoch(p)) && (run->plan.epoch_done(p) || !saved_here)) {
+      result.last_snapshot = write_snapshot(*run, run->plan.epoch_done(p) ? p.next_epoch() : p);
     }
   }
-  if (const auto written = profiler.finish(); !written.empty()) note("profile written: " + written);
-  if (memory && steps_run > 0 && steps_run < kMemoryCheckSteps) note(measured_memory(*memory, steps_run));
+  if (const auto written = run->profiler.finish(); !written.empty()) note("profile written: " + written);
+  if (run->memory && run->steps_run > 0 && run->steps_run < kMemoryCheckSteps) {
+    note(measured_memory(*run->memory, run->steps_run));
+  }
   result.global_step = p.global_step;
   return result;
+}
+
+// The run's start: the snapshot it resumes from, the memory plan, the phases. A deferred model (ZeRO
+// stage 3 initialises it unit by unit) is checked against the data and planned once sharded.
+std::unique_ptr<Trainer::Run> Trainer::start(const Note& note, const Note& on_note, FitResult& result, RunPosition& p) {
+  const auto& o = options_;
+  const int read_ahead = detail::BatchSource::read_ahead(*train_, o, runtime_, note);
+  if (detail::SnapshotPolicy(o).enabled()) detail::check_shared_directory(runtime_.world(), o.snapshot_dir);
+  const bool deferred = has_deferred_parameters(*model_);
+  auto resumed = restore(note, &result.resumed_from, p);
+  std::optional<MemoryPlan> memory;
+  if (o.memory_plan && !deferred) {
+    memory = planned();
+    note(memory->describe());
+  }
+  auto run = std::make_unique<Run>(*this, RunPlan(o.epochs, steps_per_epoch_, o.max_steps), p, read_ahead, on_note);
+  run->update = std::make_unique<detail::Update>(*optimizer_, trainable_parameters(*model_), o, pg_, p, run->ddp,
+                                                 *model_, /*initialise_units=*/!resumed);
+  if (resumed) restore_shards(*resumed, run->update->zero(), deferred);  // under ZeRO each rank reads its slices
+  resumed.reset();
+  if (deferred) {
+    check_sharded_model_fits_data();
+    if (o.memory_plan) {
+      memory = planned(&run->ddp, run->resident_before_sharding);
+      note(memory->describe());
+    }
+  }
+  if (memory) reset_peak_resident_bytes();  // the measured peak is training's
+  run->memory = memory;
+  run->batches = std::make_unique<detail::BatchSource>(*train_, o, runtime_, run->plan, p, run->read_ahead);
+  model_->train(true);
+  return run;
+}
+
+// One optimizer step: its micro-batches' forward and backward, the agreement's verdict, the update
+// (or the step skipped), the progress line and the memory line.
+int Trainer::step(Run& run, RunPosition& p, const Note& note) {
+  const Example batch = run.batches->next();
+  run.profiler.before_step(p.global_step);
+  set_lr({p.global_step, p.epoch, run.plan.total_steps});
+  p.lr = current_lr();
+  const auto step_loss = micro_steps(split_micro_batches(batch, options_.grad_accum), run.ddp, run.agreement, *run.update);
+  const auto verdict = run.agreement.settle();  // the step's one wait for the device
+  const double loss = step_loss.item<double>();
+  if (verdict.bad_rank >= 0) {
+    skip_step(p, verdict.bad_rank, note);
+    ++p.skipped;
+  } else {
+    if (!run.update->apply()) ++p.overflow;
+    p.loss_sum += loss;  // an fp16 overflow's loss still counts: the forward was real
+  }
+  run.ddp.zero_grad();
+  p.advance();
+  if (const auto written = run.profiler.after_step(p.global_step); !written.empty()) note("profile written: " + written);
+  run.progress.on_step(p, loss, verdict.bad_rank >= 0);
+  if (++run.steps_run == kMemoryCheckSteps && run.memory) note(measured_memory(*run.memory, run.steps_run));
+  if (run.first_step_unix_s == 0) run.first_step_unix_s = detail::unix_seconds();
+  return verdict.stop_signal;
+}
+
+std::string Trainer::write_snapshot(Run& run, const RunPosition& at) {
+  auto hold = run.batches->pause();  // HDF5 is not thread-safe: the reader waits
+  RunPosition position = at;
+  run.update->save_state(position);
+  return save(position, run.update->zero());
 }
 
 std::string Trainer::measured_memory(const MemoryPlan& plan, int64_t steps) const {
