@@ -37,12 +37,14 @@ timed() {  # timed NAME FUNCTION: runs FUNCTION, records its wall time under NAM
 # Debian 12's packages for the stages that build on this machine. The Debian 12 stage's suite also
 # needs: a Slurm cluster (slurm-wlm, munge, iproute2), both module systems (environment-modules;
 # Lmod's dependencies, Lmod itself unpacked by scripts/lmod.sh into build/lmod), h5py,
-# python3-protobuf (reads TensorBoard files back), python3-torch (the TorchScript models and the
-# Python references of system.torchscript_cli and system.example). The sid chroot installs its own.
+# python3-protobuf (reads TensorBoard files back), clang-format 14 (system.format), python3-torch (the
+# TorchScript models and the Python references of system.torchscript_cli and system.example). The sid
+# chroot installs its own.
 if selected debian12 || selected pip || selected asan; then
   extra=()
   selected debian12 && extra=(slurm-wlm munge iproute2 environment-modules lua5.3 lua-posix lua-filesystem
-                              lua-json lua-term tcl python3-h5py python3-protobuf python3-torch)
+                              lua-json lua-term tcl python3-h5py python3-protobuf python3-torch
+                              clang-format)
   bash scripts/deps.sh "${extra[@]}"
   selected debian12 && bash scripts/lmod.sh build/lmod
   record "dependencies (Debian packages, Lmod)" "$SECONDS"

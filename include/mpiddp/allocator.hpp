@@ -8,7 +8,7 @@
 namespace mpiddp {
 
 /// Default thresholds of tune_malloc_for_training().
-inline constexpr std::size_t kMallocMmapThresholdBytes = std::size_t{32} << 20;   ///< glibc's largest
+inline constexpr std::size_t kMallocMmapThresholdBytes = std::size_t{32} << 20;  ///< glibc's largest
 inline constexpr std::size_t kMallocTrimThresholdBytes = std::size_t{512} << 20;
 /// The mmap threshold for a run that trades speed for memory (activation checkpointing: `mpiddp
 /// train` sets it then). Recomputing a block's activations in backward frees and allocates buffers

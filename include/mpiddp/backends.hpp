@@ -17,9 +17,9 @@ namespace mpiddp {
 struct BackendSpec {
   std::string name;
   std::string summary;
-  bool built = false;        ///< compiled into this binary
-  bool takes_cpu = false;    ///< CPU tensors
-  bool takes_cuda = false;   ///< CUDA tensors
+  bool built = false;                          ///< compiled into this binary
+  bool takes_cpu = false;                      ///< CPU tensors
+  bool takes_cuda = false;                     ///< CUDA tensors
   c10::DeviceType default_device = c10::kCPU;  ///< where its tensors live unless told
   /// Makes the group (collective over runtime.world()); empty when not built.
   std::function<std::unique_ptr<ProcessGroup>(const Runtime&, const CommOptions&)> make;
@@ -29,6 +29,9 @@ struct BackendSpec {
 const std::vector<BackendSpec>& backends();
 /// The row named `name`, or nullptr.
 const BackendSpec* find_backend(const std::string& name);
+/// The backends' names in the table's order, joined by `separator` ("mpi|nccl|gloo" for "|"): every
+/// one mpiddp knows, or with `built_only` those built into this binary.
+std::string backend_names(const std::string& separator, bool built_only = false);
 
 /// The one rule for a backend and a device: `name` is built into this binary, takes tensors on
 /// `device`, and a CUDA device is usable on this rank (this libtorch has CUDA and the rank a GPU).

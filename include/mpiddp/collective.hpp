@@ -1,7 +1,9 @@
 // Each collective described once: its name, whether it reduces or has a root, how its input and
 // output element counts relate, and nccl-tests' bus bandwidth factor. The ProcessGroup's argument
-// checks and check-mode descriptors, the backends, `mpiddp bench` and the tests read this table;
-// adding a collective is a row here plus each backend's launch of it (nccl-tests' `struct testColl`).
+// checks and check-mode descriptors, the backends, `mpiddp bench` and the tests read this table.
+// Adding a collective (nccl-tests' `struct testColl`) is a row here, its row in the harness that
+// `mpiddp bench` and the tests run (src/comm/collective_harness.cpp: its ProcessGroup call, input and
+// expected output), its ProcessGroup method, and each backend's launch of it.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +26,9 @@ enum class CountRule {
 
 struct CollectiveTraits {
   Collective kind;
-  const char* name;        ///< as `mpiddp bench --collective` and error messages spell it
-  bool reduces;            ///< takes a ReduceOp
-  bool rooted;             ///< takes a root rank
+  const char* name;  ///< as `mpiddp bench --collective` and error messages spell it
+  bool reduces;      ///< takes a ReduceOp
+  bool rooted;       ///< takes a root rank
   CountRule counts;
   /// nccl-tests' busbw = algbw x ring_passes x (n-1)/n; 0 means a factor of 1 (broadcast).
   int ring_passes;
@@ -36,9 +38,7 @@ struct CollectiveTraits {
     return ring_passes == 0 ? 1.0 : ring_passes * static_cast<double>(n - 1) / static_cast<double>(n);
   }
   /// Elements of the whole array (nccl-tests' S / element size) given the input and output counts.
-  int64_t array_elements(int64_t input, int64_t output) const {
-    return counts == CountRule::kGather ? output : input;
-  }
+  int64_t array_elements(int64_t input, int64_t output) const { return counts == CountRule::kGather ? output : input; }
   /// Whether the whole array splits in n equal parts (sizes must be multiples of n).
   bool splits() const {
     return counts == CountRule::kGather || counts == CountRule::kScatter || counts == CountRule::kExchange;

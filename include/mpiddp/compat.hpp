@@ -114,7 +114,8 @@ inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
 #if MPIDDP_TORCH_VERSION_AT_LEAST(2, 4)
   return at::autocast::get_autocast_dtype(device);
 #else
-  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                        : at::autocast::get_autocast_gpu_dtype();
 #endif
 }
 inline void set_autocast(c10::DeviceType device, bool enabled, c10::ScalarType dtype) {

@@ -32,10 +32,10 @@ struct DatasetInfo {
   int64_t samples = 0;
   std::vector<int64_t> sample_shape;  ///< one input's shape (inputs' dims after the first)
   bool uint8_inputs = false;
-  double scale = 1.0;                 ///< for uint8 inputs
+  double scale = 1.0;  ///< for uint8 inputs
   bool classification = true;
-  int64_t num_classes = 0;            ///< classification only
-  int64_t target_dim = 0;             ///< regression only (k)
+  int64_t num_classes = 0;  ///< classification only
+  int64_t target_dim = 0;   ///< regression only (k)
   /// Token windows (tokens.hpp): the positions of a sample, T; inputs and targets are int64 [n, T]
   /// token ids, the target at each position the next token (classification over the vocabulary,
   /// num_classes 0: the model's output width decides, and every token is checked against it).

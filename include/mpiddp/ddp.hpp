@@ -23,8 +23,8 @@
 // compressed on the wire, or ZeRO's sharded reductions (zero.hpp).
 #pragma once
 
-#include <mpiddp/process_group.hpp>
 #include <mpiddp/compat.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/reduction.hpp>
 #include <mpiddp/timeline.hpp>
 
@@ -71,25 +71,26 @@ struct DdpOptions {
   /// when compressed; travelling alone, float32 and uncompressed). The
   /// Trainer's per-step agreement (stop and non-finite loss flags) travels here.
   int64_t mean_tail_values = 0;
-  /// Groups of parameters that each get buckets of their own, whatever the cap (ZeRO stage 3's
-  /// units: Model::units()); a tensor in no group is bucketed by the caps as usual.
-  std::vector<std::vector<torch::Tensor>> units;
+  /// Groups of parameters whose buckets hold no other group's (a sharding's groups: ZeRO stage 3
+  /// gives a model's units, each sharded and gathered by its own buckets); each group, and the
+  /// tensors in no group, are bucketed by the caps.
+  std::vector<std::vector<torch::Tensor>> bucket_groups;
 };
 
 /// The bucket assignment rule as a pure function: parameters in reverse order of `sizes_bytes`
 /// (registration order), a new bucket when the dtype changes or the cap would be exceeded (the
 /// first bucket's cap is `first_cap`); a parameter larger than the cap gets a bucket of its own.
-/// `unit_of` (empty: none): each parameter's unit or -1; a unit's parameters that follow each
-/// other share one bucket whatever its size, and no bucket holds two units' parameters.
-std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
-                                         const std::vector<c10::ScalarType>& dtypes, int64_t cap_bytes,
-                                         int64_t first_cap_bytes, const std::vector<int>& unit_of = {});
+/// `group_of` (empty: none): each parameter's bucket group or -1; no bucket holds two groups'
+/// parameters (a group's are bucketed by the caps, apart from the others').
+std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels, const std::vector<c10::ScalarType>& dtypes,
+                                         int64_t cap_bytes, int64_t first_cap_bytes,
+                                         const std::vector<int>& group_of = {});
 
 struct DdpStats {
-  int64_t steps = 0;                     ///< synchronised backward passes
-  int64_t buckets_launched_early = 0;    ///< launched from a gradient hook, during backward
-  int64_t buckets_launched_at_end = 0;   ///< launched at the end of backward (unused parameters)
-  int64_t aborted_passes = 0;            ///< backward passes that threw after gradients arrived
+  int64_t steps = 0;                    ///< synchronised backward passes
+  int64_t buckets_launched_early = 0;   ///< launched from a gradient hook, during backward
+  int64_t buckets_launched_at_end = 0;  ///< launched at the end of backward (unused parameters)
+  int64_t aborted_passes = 0;           ///< backward passes that threw after gradients arrived
 };
 
 class DistributedDataParallel {
@@ -113,8 +114,8 @@ class DistributedDataParallel {
   std::shared_ptr<torch::nn::Module> module() const { return module_; }
   ProcessGroup& process_group() { return pg_; }
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
-  /// How many units DdpOptions::units gave (ZeRO stage 3's; a unit may have no bucket).
-  size_t unit_count() const { return options_.units.size(); }
+  /// How many groups DdpOptions::bucket_groups gave (a group may have no bucket: none trainable).
+  size_t bucket_group_count() const { return options_.bucket_groups.size(); }
   /// The parameters it reduces (requires_grad, each tensor once), in registration order: the
   /// indices of BucketLayout::params.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
@@ -163,7 +164,7 @@ class DistributedDataParallel {
   struct Pass {          ///< one reducing backward pass; owned by its callback on the engine
     DistributedDataParallel* ddp = nullptr;
     bool reduced = false;
-    ~Pass();               ///< dropped unrun (backward threw): ddp->abandon_pass()
+    ~Pass();  ///< dropped unrun (backward threw): ddp->abandon_pass()
   };
   void setup(const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
              const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
@@ -173,13 +174,13 @@ class DistributedDataParallel {
   void adopt_gradient(size_t param);
   void make_buckets();
   void check_deferred(const std::vector<std::pair<std::string, torch::Tensor>>& parameters) const;
-  std::vector<int> unit_of_parameters() const;  ///< per parameter: its DdpOptions::units group, or -1
+  std::vector<int> group_of_parameters() const;  ///< per parameter: its DdpOptions::bucket_groups group, or -1
   void add_mean_tail(const std::vector<std::pair<std::string, torch::Tensor>>& parameters);
   void make_gradient_views();
   void add_gradient_hooks();
-  torch::Tensor& buffer(Bucket& b);      ///< the bucket's buffer (a transient one made when first needed)
-  void bound_transient_buffers();        ///< waits for old buckets to drop their transient buffers
-  void sent(Bucket& b);                  ///< its collective completed: a transient buffer goes
+  torch::Tensor& buffer(Bucket& b);  ///< the bucket's buffer (a transient one made when first needed)
+  void bound_transient_buffers();    ///< waits for old buckets to drop their transient buffers
+  void sent(Bucket& b);              ///< its collective completed: a transient buffer goes
   void launch_ready_buckets(bool at_end);
   void launch(Bucket& b);
   void poll_launched();
@@ -192,22 +193,22 @@ class DistributedDataParallel {
   ProcessGroup& pg_;
   DdpOptions options_;
   std::vector<std::string> names_;
-  std::vector<torch::Tensor> params_;   ///< those with requires_grad, registration order
+  std::vector<torch::Tensor> params_;  ///< those with requires_grad, registration order
   std::vector<torch::Tensor> buffers_;
   std::vector<BucketLayout> layouts_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  ///< param -> (bucket, slot)
-  std::vector<torch::Tensor> views_;               ///< param -> its gradient's place in its bucket
+  std::vector<torch::Tensor> views_;              ///< param -> its gradient's place in its bucket
   std::shared_ptr<GradientReduction> reduction_;
   std::shared_ptr<GradientReduction> tail_reduction_;  ///< the mean tail's, when it travels alone
-  torch::Tensor mean_tail_;                        ///< the mean tail: the end of the last bucket's buffer
-  torch::Tensor seed_;                             ///< backward()'s d(loss)/d(loss) = 1, reused
+  torch::Tensor mean_tail_;                            ///< the mean tail: the end of the last bucket's buffer
+  torch::Tensor seed_;                                 ///< backward()'s d(loss)/d(loss) = 1, reused
   std::vector<std::pair<compat::GradAccumulatorPtr, uintptr_t>> hooks_;  ///< accumulator, hook key
   size_t next_to_launch_ = 0;
   bool sync_ = true;
-  std::weak_ptr<Pass> pass_;    ///< the pass under way, if any
+  std::weak_ptr<Pass> pass_;            ///< the pass under way, if any
   std::exception_ptr abandoned_error_;  ///< raised while settling a pass that threw; rethrown next
-  int64_t steps_seen_ = 0;      ///< stats_.steps at the last finish_backward()
+  int64_t steps_seen_ = 0;              ///< stats_.steps at the last finish_backward()
   DdpStats stats_;
   std::unique_ptr<Timeline> timeline_;
 };

@@ -49,9 +49,9 @@ std::vector<std::pair<std::string, std::string>> nccl_environment(char** envp);
 
 /// One collective check of the sanity suite, after all ranks have compared results.
 struct SanityCheckResult {
-  std::string name;      ///< e.g. "allreduce(sum, float64, 1031)"
-  bool ok = false;       ///< true only if every rank saw the expected values
-  int ranks_ok = 0;      ///< how many ranks saw the expected values
+  std::string name;  ///< e.g. "allreduce(sum, float64, 1031)"
+  bool ok = false;   ///< true only if every rank saw the expected values
+  int ranks_ok = 0;  ///< how many ranks saw the expected values
   std::vector<int> failed_ranks;
 };
 

@@ -73,8 +73,9 @@ std::shared_ptr<Model> wrap_module(std::shared_ptr<torch::nn::Module> module,
 template <class Impl>
 std::shared_ptr<Model> wrap_module(std::shared_ptr<Impl> module, std::string name = "") {
   auto* raw = module.get();
-  return wrap_module(std::static_pointer_cast<torch::nn::Module>(module),
-                     [raw](const torch::Tensor& x) { return raw->forward(x); }, std::move(name));
+  return wrap_module(
+      std::static_pointer_cast<torch::nn::Module>(module), [raw](const torch::Tensor& x) { return raw->forward(x); },
+      std::move(name));
 }
 template <class Impl>
 std::shared_ptr<Model> wrap_module(const torch::nn::ModuleHolder<Impl>& module, std::string name = "") {

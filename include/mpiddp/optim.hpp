@@ -74,11 +74,11 @@ struct OptimizerSettings {
 /// state tensor by tensor (any world size, any ZeRO stage), ZeRO shards them. Another optimizer
 /// trains through the library, snapshotted as libtorch's own archive, and cannot be sharded.
 struct OptimizerSpec {
-  std::string name;                          ///< sgd | adam | adamw
-  double default_lr = 0;                     ///< `mpiddp train --lr auto`
-  std::vector<std::string> cli_parameters;   ///< `mpiddp train` flags it reads besides --lr
-  std::vector<std::string> state_fields;     ///< the per-parameter tensors its state may hold
-  bool counts_steps = false;                 ///< a step count per parameter (Adam's bias correction)
+  std::string name;                         ///< sgd | adam | adamw
+  double default_lr = 0;                    ///< `mpiddp train --lr auto`
+  std::vector<std::string> cli_parameters;  ///< `mpiddp train` flags it reads besides --lr
+  std::vector<std::string> state_fields;    ///< the per-parameter tensors its state may hold
+  bool counts_steps = false;                ///< a step count per parameter (Adam's bias correction)
   /// Whether `opt` is one (mpiddp's fused forms included).
   std::function<bool(const torch::optim::Optimizer& opt)> is;
   std::function<ParamStateFields(const torch::optim::OptimizerParamState&)> fields_of;

@@ -138,7 +138,9 @@ class ProcessGroup {
   WorkHandle barrier_async();
 
   /// Blocking forms.
-  void allreduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum) { allreduce_async(tensor, tensor, op)->wait(); }
+  void allreduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum) {
+    allreduce_async(tensor, tensor, op)->wait();
+  }
   void broadcast(const torch::Tensor& tensor, int root) { broadcast_async(tensor, tensor, root)->wait(); }
   void allgather(const torch::Tensor& input, const torch::Tensor& output) { allgather_async(input, output)->wait(); }
   void reduce_scatter(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op = ReduceOp::kSum) {
@@ -156,7 +158,7 @@ class ProcessGroup {
     uint64_t seq = 0;
     bool in_place = false;
     std::shared_ptr<detail::StallMonitor> stall;  ///< names stalled ranks (set by the group)
-    std::string describe() const;  ///< "allreduce #7 (float32[1031], sum)"
+    std::string describe() const;                 ///< "allreduce #7 (float32[1031], sum)"
   };
 
  protected:

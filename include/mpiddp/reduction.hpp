@@ -38,8 +38,8 @@ struct BucketLayout {
   /// parameter). Under ZeRO, rank r's shard is elements [r * padded / N, (r + 1) * padded / N).
   int64_t padded = 0;
   c10::ScalarType dtype = c10::kFloat;
-  /// The unit (DdpOptions::units) whose parameters these are, or -1: parameters outside every unit.
-  int unit = -1;
+  /// The group (DdpOptions::bucket_groups) whose parameters these are, or -1: in no group.
+  int group = -1;
 };
 
 class GradientReduction {
@@ -49,6 +49,9 @@ class GradientReduction {
   virtual std::string name() const = 0;
   /// The ZeRO stage this reduction serves (0: DDP, every rank holds every averaged gradient).
   virtual int zero_stage() const { return 0; }
+  /// Whether the parameters of DDP's bucket groups are sharded along with their gradients (ZeRO
+  /// stage 3): only those may come deferred (units.hpp), initialised as they are sharded.
+  bool shards_group_parameters() const { return zero_stage() >= 3; }
   /// The bucket cap DDP takes when DdpOptions::bucket_cap_bytes is kAutoBucketCap, for a model of
   /// `gradient_bytes` gradient bytes: PyTorch's 25 MiB for DDP; under ZeRO a 16th of the gradient,
   /// from 1 MiB to 25 MiB, since a bucket in flight is memory that sharding does not save.

@@ -43,8 +43,7 @@ Topology topology_from_node_keys(int rank, const std::vector<long>& node_keys);
 /// Derives the topology over `comm` with MPI. Ranks are grouped by MPI_COMM_TYPE_SHARED, or by
 /// `node_key` when given (tests use it to emulate several nodes on one machine). Collective.
 /// When `node_out` is given it receives the node's communicator (the caller frees it).
-Topology derive_topology(MPI_Comm comm, std::optional<int> node_key = std::nullopt,
-                         MPI_Comm* node_out = nullptr);
+Topology derive_topology(MPI_Comm comm, std::optional<int> node_key = std::nullopt, MPI_Comm* node_out = nullptr);
 
 /// The device a rank uses: cuda:(local_rank % visible_gpus) when GPUs are visible, else cpu.
 c10::Device choose_device(int local_rank, int visible_gpus);
@@ -67,8 +66,7 @@ struct LauncherSize {
   std::string variable;
   int size = 0;
 };
-std::optional<LauncherSize> launcher_world_size(
-    const std::function<const char*(const char*)>& getenv_fn = nullptr);
+std::optional<LauncherSize> launcher_world_size(const std::function<const char*(const char*)>& getenv_fn = nullptr);
 
 /// "MPI_THREAD_MULTIPLE" etc.
 std::string thread_level_name(int level);
@@ -188,7 +186,7 @@ class CollectiveStep {
 /// another thread call it, else this process exits with 1).
 class BlockingCall {
  public:
-  explicit BlockingCall(std::string what);                                 ///< the timeout from the environment
+  explicit BlockingCall(std::string what);  ///< the timeout from the environment
   BlockingCall(std::string what, std::chrono::milliseconds timeout);
   ~BlockingCall();
   BlockingCall(const BlockingCall&) = delete;

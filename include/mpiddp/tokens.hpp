@@ -34,9 +34,6 @@ constexpr int32_t kLlmcMagicUint32 = 20240801;
 constexpr int32_t kLlmcVersionUint32 = 7;
 constexpr int64_t kLlmcHeaderInts = 256;
 
-/// "kLlmc" -> ... from the names `--data-format` takes: llmc, raw-uint16.
-TokenFormat parse_token_format(const std::string& name);
-
 struct TokenShard {
   std::string path;
   int64_t tokens = 0;
@@ -93,7 +90,6 @@ class TokenWindows final : public SampleSet {
 };
 
 /// Writes `tokens` as one llm.c shard (version 1: uint16, every token < 65536; version 7: uint32).
-void write_token_shard(const std::string& path, const std::vector<uint32_t>& tokens,
-                       int version = kLlmcVersionUint16);
+void write_token_shard(const std::string& path, const std::vector<uint32_t>& tokens, int version = kLlmcVersionUint16);
 
 }  // namespace mpiddp

@@ -41,6 +41,8 @@ class StepAgreement;
 class Task;
 struct Throughput;
 class Update;
+class ModelSharding;
+class ForwardLoss;
 }  // namespace detail
 
 /// Where a step stands, for learning-rate schedules.
@@ -75,7 +77,7 @@ struct TrainerOptions {
   /// The training set: an HDF5 dataset file (see `mpiddp data`), or token shards as one stream
   /// (file names and globs, comma-separated, each glob in name order; see tokens.hpp).
   std::string data;
-  std::string test_data;      ///< evaluated after each epoch and at the run's end ("" : none); same format
+  std::string test_data;  ///< evaluated after each epoch and at the run's end ("" : none); same format
   /// auto (HDF5 for names ending .h5 or .hdf5, llm.c token shards otherwise) | hdf5 | llmc |
   /// raw-uint16 (nanoGPT's headerless train.bin: only when named, never guessed).
   std::string data_format = "auto";
@@ -83,8 +85,8 @@ struct TrainerOptions {
   int64_t block_size = 0;
   /// Passes over the training set; 0: as many as max_steps takes (nanoGPT's max_iters), else 1.
   int64_t epochs = 0;
-  int64_t max_steps = 0;      ///< stop after this many optimizer steps in all (0: no cap)
-  int64_t batch_size = 64;    ///< per rank and micro-step
+  int64_t max_steps = 0;    ///< stop after this many optimizer steps in all (0: no cap)
+  int64_t batch_size = 64;  ///< per rank and micro-step
   /// Micro-steps per optimizer step: each rank runs grad_accum forward/backward passes of
   /// batch_size samples, each loss divided by grad_accum, gradients reduced across ranks only in
   /// the last (DDP's no_sync before); max_steps, snapshots and schedules count optimizer steps.
@@ -114,7 +116,7 @@ struct TrainerOptions {
   /// forward and backward, training unchanged) and reports the measured peak after the first
   /// steps, both through on_note. false: neither.
   bool memory_plan = true;
-  uint64_t seed = 0;          ///< the sampler's shuffle
+  uint64_t seed = 0;  ///< the sampler's shuffle
   bool shuffle = true;
   bool drop_last = false;
   int64_t cache_bytes = int64_t{512} << 20;  ///< datasets up to this size are read into memory once
@@ -125,11 +127,11 @@ struct TrainerOptions {
   /// Trainer's own HDF5 calls; fit()'s on_epoch runs with the reader paused, so it may use HDF5 too.
   int prefetch_batches = 2;
   c10::Device device = c10::kCPU;  ///< where the model trains (it is moved there)
-  LossFn loss;                ///< nullptr: default_loss(data)
+  LossFn loss;                     ///< nullptr: default_loss(data)
   /// Train and evaluate on the loss the model computes itself (Model::forward_with_loss: a
   /// TorchScript forward(inputs, targets) returning (outputs, loss), as nanoGPT's GPT); `loss` unused.
   bool model_loss = false;
-  LrSchedule lr_schedule;     ///< nullptr: the optimizer's learning rates stay as they are
+  LrSchedule lr_schedule;  ///< nullptr: the optimizer's learning rates stay as they are
   /// JSON lines (rank 0, appended): one per epoch ("kind": "epoch") and one per progress line
   /// ("kind": "log", the same numbers as the line). Opened by the constructor.
   std::string metrics_path;
@@ -140,11 +142,11 @@ struct TrainerOptions {
   /// x axis: the global step. Opened by the constructor.
   std::string tensorboard_dir;
   // Snapshots (see snapshot.hpp): written by rank 0, read by rank 0 and broadcast.
-  std::string snapshot_dir;   ///< "" : no snapshots
-  int64_t save_every = 1;     ///< epochs between snapshots (0: only at the end)
-  int64_t save_every_steps = 0;  ///< steps between snapshots (0: none mid-epoch)
-  int keep = 3;               ///< snapshots kept in snapshot_dir (0: all)
-  std::string resume = "auto";   ///< auto (newest valid in snapshot_dir) | never | a snapshot file
+  std::string snapshot_dir;          ///< "" : no snapshots
+  int64_t save_every = 1;            ///< epochs between snapshots (0: only at the end)
+  int64_t save_every_steps = 0;      ///< steps between snapshots (0: none mid-epoch)
+  int keep = 3;                      ///< snapshots kept in snapshot_dir (0: all)
+  std::string resume = "auto";       ///< auto (newest valid in snapshot_dir) | never | a snapshot file
   bool skip_nonfinite_loss = false;  ///< NaN/Inf loss: skip that step's update (false: throw)
   /// > 0: before each update, scale the gradients so that their global L2 norm (over all
   /// parameters, as torch.nn.utils.clip_grad_norm_) is at most this. It applies to the averaged
@@ -173,8 +175,8 @@ struct TrainerOptions {
   std::string profile_path;
   int64_t profile_first_step = 10;
   int64_t profile_steps = 3;
-  bool stop_signals = true;   ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
-  std::string run_config;     ///< free text stored in snapshots as "config" (the CLI stores its options)
+  bool stop_signals = true;  ///< SIGTERM/SIGUSR1 stop training at a step boundary (see above)
+  std::string run_config;    ///< free text stored in snapshots as "config" (the CLI stores its options)
   /// Buckets, compression, timeline. Its reduction and mean tail are the Trainer's (zero_stage).
   DdpOptions ddp;
 
@@ -188,7 +190,7 @@ struct TrainerOptions {
 };
 
 struct EpochMetrics {
-  int64_t epoch = 0;          ///< 1-based: the first epoch is epoch 1 everywhere mpiddp prints one
+  int64_t epoch = 0;  ///< 1-based: the first epoch is epoch 1 everywhere mpiddp prints one
   int64_t steps = 0, global_step = 0;
   double train_loss = 0, test_loss = -1, test_accuracy = -1;  ///< -1: no test data / regression
   double samples_per_s = 0, seconds = 0, lr = 0;
@@ -204,10 +206,10 @@ struct EpochMetrics {
 /// How fit() ended.
 struct FitResult {
   std::vector<EpochMetrics> epochs;
-  int stop_signal = 0;          ///< SIGTERM/SIGUSR1 that stopped training early (0: it ran to the end)
-  int64_t global_step = 0;      ///< optimizer steps taken in all, counting those before a resume
-  std::string resumed_from;     ///< the snapshot this run started from ("" : a fresh start)
-  std::string last_snapshot;    ///< the newest snapshot this run wrote ("" : none)
+  int stop_signal = 0;        ///< SIGTERM/SIGUSR1 that stopped training early (0: it ran to the end)
+  int64_t global_step = 0;    ///< optimizer steps taken in all, counting those before a resume
+  std::string resumed_from;   ///< the snapshot this run started from ("" : a fresh start)
+  std::string last_snapshot;  ///< the newest snapshot this run wrote ("" : none)
 };
 
 /// What a ModelFactory makes: the model and its optimizer (which must hold only the model's parameters).
@@ -269,23 +271,19 @@ class Trainer {
   /// `deferred`, the model's slices (restore() left them). Collective.
   void restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero, bool deferred);
   std::string save(const detail::RunPosition& p, const ZeroOptimizer* zero);
-  /// One forward on two samples (evaluation mode, no gradient): the model takes the set's inputs
-  /// and its outputs fit the targets. Local (collective once stage 3 has sharded the model).
-  void check_model_fits_data();
+  /// The model against the data (train/model_check.hpp). Local, but collective where `sharded`
+  /// (stage 3 has sharded the model), its failure then agreed.
+  void check_model_fits_data(bool sharded);
   /// The memory plan (train/memory_plan.hpp). `sharded`: the model is sharded over it (stage 3, a
   /// deferred model), the process's resident size taken before (`resident_before_sharding`).
   MemoryPlan planned(DistributedDataParallel* sharded = nullptr, int64_t resident_before_sharding = 0);
-  /// check_model_fits_data() once sharded (collective: the units gathered), its failure agreed.
-  void check_sharded_model_fits_data();
   DdpOptions ddp_options() const;  ///< fit()'s: the reduction of the ZeRO stage, stage 3's units
   /// The largest rank's measured peak against the plan, one line. Collective.
   std::string measured_memory(const MemoryPlan& plan, int64_t steps) const;
   /// Steps after which fit() reports the measured peak (the optimizer's state exists from the first).
   static constexpr int64_t kMemoryCheckSteps = 3;
-  std::pair<double, double> evaluate();
-  torch::Tensor forward(const torch::Tensor& inputs);  ///< under autocast when options say, float32 out
-  /// The outputs and the loss of a batch: the loss function's, or the model's own (model_loss).
-  std::pair<torch::Tensor, torch::Tensor> forward_loss(const torch::Tensor& inputs, const torch::Tensor& targets);
+  /// The model's forward and loss under the options' precision (train/forward_loss.hpp).
+  detail::ForwardLoss forward_loss() const;
   void set_lr(const StepInfo& at);
   double current_lr() const;
   struct Run;  ///< fit()'s phases (trainer.cpp)
@@ -294,13 +292,11 @@ class Trainer {
   /// signal the ranks agreed on (0: none).
   int step(Run& run, detail::RunPosition& p, const Note& note);
   std::string write_snapshot(Run& run, const detail::RunPosition& at);
-  torch::Tensor micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
-                            detail::StepAgreement& agreement, const detail::Update& update);
   void skip_step(const detail::RunPosition& p, int bad_rank, const std::function<void(const std::string&)>& note);
   FitResult stopped(FitResult result, const detail::RunPosition& p, int signal,
                     const std::function<void(const std::string&)>& note) const;
-  EpochMetrics finish_epoch(const detail::RunPosition& p, const detail::RunPosition& epoch_start,
-                            double loss_scale, detail::BatchSource& batches);
+  EpochMetrics finish_epoch(const detail::RunPosition& p, const detail::RunPosition& epoch_start, double loss_scale,
+                            detail::BatchSource& batches);
   std::vector<std::string> rank_lines(const detail::RunPosition& p) const;
 
   const Runtime& runtime_;
@@ -310,9 +306,11 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<SampleSet> train_, test_;
   std::unique_ptr<detail::Task> task_;  ///< what the training set asks of the model
+  std::unique_ptr<detail::ModelSharding>
+      sharding_;                  ///< how the ranks hold the model's parameters (ZeRO stage 3: its units sharded)
   std::vector<double> base_lrs_;  ///< each parameter group's learning rate when the Trainer was made
   int64_t steps_per_epoch_ = 0;
-  std::unique_ptr<detail::RunLogs> logs_;  ///< rank 0's metrics file and TensorBoard writer
+  std::unique_ptr<detail::RunLogs> logs_;           ///< rank 0's metrics file and TensorBoard writer
   std::unique_ptr<detail::Throughput> throughput_;  ///< what samples/s makes tokens/s, FLOP/s and MFU with
 };
 
@@ -320,6 +318,5 @@ class Trainer {
 /// options.block_size), not yet cached (the Trainer calls cache(options.cache_bytes)). Throws
 /// mpiddp::Error naming the file for a missing or malformed one.
 std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const TrainerOptions& options);
-
 
 }  // namespace mpiddp

@@ -109,7 +109,9 @@ using WrapPolicy = std::function<bool(const std::string& name, const torch::nn::
 /// The policy that makes every child of type Impl a unit (torch::nn::LinearImpl, a block of yours).
 template <class Impl>
 WrapPolicy wrap_type() {
-  return [](const std::string& /*name*/, const torch::nn::Module& child) { return dynamic_cast<const Impl*>(&child) != nullptr; };
+  return [](const std::string& /*name*/, const torch::nn::Module& child) {
+    return dynamic_cast<const Impl*>(&child) != nullptr;
+  };
 }
 
 /// A torch::nn::Sequential whose children the policy picks are units, in order; the others run as

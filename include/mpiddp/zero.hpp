@@ -7,7 +7,7 @@
 // every bucket's parameters are all-gathered through a buffer of one bucket. Stage 1: DDP
 // all-reduces as usual (zero_reduction(1)) and the owned slices are read out of the averaged
 // buckets. Stage 2: DDP reduce-scatters each bucket during backward (zero_reduction(2)) and keeps
-// only the owned slice of the gradient. Stage 3: as stage 2, and each unit's bucket (DdpOptions::units,
+// only the owned slice of the gradient. Stage 3: as stage 2, and each unit's bucket (DdpOptions::bucket_groups,
 // Model::units(); units.hpp) keeps only this rank's slice of its parameters too: the unit's
 // parameters are all-gathered just before its forward and its backward and freed after them
 // (src/zero/sharded_units.hpp), so a rank holds 1/N of the units' parameters, gradients and
@@ -89,10 +89,10 @@ class ShardedUnits;
 class ZeroOptimizer {
  public:
   /// Shards `optimizer`'s state: SGD, Adam and AdamW (and mpiddp's FusedAdam/FusedAdamW, still
-  /// fused), else mpiddp::Error; `ddp` must reduce with zero_reduction(1 or 2). Every tensor it optimizes must be one `ddp` reduces. Collective
-  /// only through what `ddp` is (no communication below stage 3).
-  /// At stage 3 the parameters of `ddp`'s unit buckets are sharded here (their memory freed), and
-  /// deferred ones initialised and broadcast from rank 0 first (ZeroOptions::init_unit): collective.
+  /// fused), else mpiddp::Error; `ddp` must reduce with zero_reduction(1 or 2). Every tensor it optimizes must be one
+  /// `ddp` reduces. Collective only through what `ddp` is (no communication below stage 3). At stage 3 the parameters
+  /// of `ddp`'s unit buckets are sharded here (their memory freed), and deferred ones initialised and broadcast from
+  /// rank 0 first (ZeroOptions::init_unit): collective.
   ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer, ZeroOptions options = {});
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
@@ -149,8 +149,8 @@ class ZeroOptimizer {
   void drop_gathered_state();
 
  private:
-  struct Piece {         ///< one parameter's elements inside this rank's slice of a bucket
-    size_t param = 0;    ///< index into ddp.parameters()
+  struct Piece {       ///< one parameter's elements inside this rank's slice of a bucket
+    size_t param = 0;  ///< index into ddp.parameters()
     size_t bucket = 0;
     int64_t in_param = 0;   ///< first element, within the flattened parameter
     int64_t in_bucket = 0;  ///< first element, within the bucket's buffer
@@ -171,9 +171,9 @@ class ZeroOptimizer {
   torch::optim::Optimizer& outer_;
   std::unique_ptr<detail::ShardedUnits> units_;  ///< stage 3's parameters; null below
   std::vector<Piece> pieces_;
-  std::vector<torch::Tensor> shards_;       ///< per piece: its parameter elements, .grad set
+  std::vector<torch::Tensor> shards_;               ///< per piece: its parameter elements, .grad set
   std::unique_ptr<torch::optim::Optimizer> inner_;  ///< over shards_; null when this rank owns none
-  std::vector<size_t> outer_group_;         ///< per group of inner_: the given optimizer's group
+  std::vector<size_t> outer_group_;                 ///< per group of inner_: the given optimizer's group
 };
 
 }  // namespace mpiddp

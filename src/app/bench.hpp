@@ -14,9 +14,6 @@ namespace mpiddp::app::bench {
 /// mpiddp::Error on anything else.
 int64_t parse_size(const std::string& text);
 
-/// nccl-tests' bus-bandwidth factor for `c` over `n` ranks: busbw = algbw x factor.
-double bus_factor(Collective c, int n);
-
 /// Bytes per second in GB/s (1e9 bytes): S / t.
 double algbw_gbps(int64_t bytes, double seconds);
 

@@ -1,11 +1,11 @@
 // `mpiddp bench`: nccl-tests' output and formulas with PARAM's conveniences (sizes with K/M/G,
 // JSON and CSV), over any ProcessGroup backend.
-#include <mpiddp/process_group.hpp>
 #include <mpiddp/backends.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/process_group.hpp>
 
-#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -20,6 +20,7 @@
 #include "app/bench.hpp"
 #include "app/cli.hpp"
 #include "app/option_table.hpp"
+#include "comm/collective_harness.hpp"
 #include "common/check.hpp"
 
 namespace mpiddp::app {
@@ -40,19 +41,26 @@ int64_t parse_size(const std::string& text) {
   int64_t scale = 1;
   if (pos < text.size()) {
     switch (std::toupper(static_cast<unsigned char>(text[pos]))) {
-      case 'K': scale = int64_t{1} << 10; break;
-      case 'M': scale = int64_t{1} << 20; break;
-      case 'G': scale = int64_t{1} << 30; break;
-      default: MPIDDP_THROW("bad size suffix in '" + text + "' (expected K, M or G)");
+      case 'K':
+        scale = int64_t{1} << 10;
+        break;
+      case 'M':
+        scale = int64_t{1} << 20;
+        break;
+      case 'G':
+        scale = int64_t{1} << 30;
+        break;
+      default:
+        MPIDDP_THROW("bad size suffix in '" + text + "' (expected K, M or G)");
     }
   }
   MPIDDP_CHECK(value <= std::numeric_limits<int64_t>::max() / scale, "size '" + text + "' is too large");
   return value * scale;
 }
 
-double bus_factor(Collective c, int n) { return traits(c).bus_factor(n); }
-
-double algbw_gbps(int64_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
+double algbw_gbps(int64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
 
 std::vector<SizePoint> sweep(Collective c, int64_t min_bytes, int64_t max_bytes, double factor, int element_size,
                              int n) {
@@ -103,97 +111,13 @@ struct Measurement {
   int64_t wrong = -1;  // -1: not checked
 };
 
-// Reference data: rank r's element at global index i is (i + 3r) % 5 + 1, small integers that every
-// dtype holds exactly, as do their sums over any rank count this tool runs at.
-torch::Tensor pattern(int r, int64_t first, int64_t count) {
-  auto idx = torch::arange(first, first + count, torch::kLong);
-  return ((idx + 3 * r) % 5 + 1).to(torch::kDouble);
-}
-
-torch::Tensor reduce_pattern(ReduceOp op, int n, int64_t first, int64_t count) {
-  torch::Tensor acc = pattern(0, first, count);
-  for (int r = 1; r < n; ++r) {
-    auto x = pattern(r, first, count);
-    acc = op == ReduceOp::kMin ? torch::minimum(acc, x) : op == ReduceOp::kMax ? torch::maximum(acc, x) : acc + x;
-  }
-  return op == ReduceOp::kAvg ? acc / n : acc;
-}
-
-// Input and output of one collective at `count` elements (of the whole array); the in-place
-// variants alias the way nccl-tests does.
-struct Buffers {
-  torch::Tensor in, out;
-};
-
-Buffers make_buffers(Collective c, int64_t count, const BenchConfig& cfg, bool in_place, int rank, int n) {
-  const int64_t part = count / n;
-  const auto opts = torch::TensorOptions().dtype(cfg.dtype).device(cfg.device);
-  Buffers b;
-  switch (traits(c).counts) {
-    case CountRule::kGather:
-      b.out = torch::zeros({count}, opts);
-      b.in = in_place ? b.out.narrow(0, rank * part, part) : torch::zeros({part}, opts);
-      break;
-    case CountRule::kScatter:
-      b.in = torch::zeros({count}, opts);
-      b.out = in_place ? b.in.narrow(0, rank * part, part) : torch::zeros({part}, opts);
-      break;
-    default:
-      b.in = torch::zeros({count}, opts);
-      b.out = in_place ? b.in : torch::zeros({count}, opts);
-  }
-  return b;
-}
-
-WorkHandle start(ProcessGroup& pg, const BenchConfig& cfg, Collective c, const Buffers& b) {
-  switch (c) {
-    case Collective::kAllreduce: return pg.allreduce_async(b.in, b.out, cfg.op);
-    case Collective::kBroadcast: return pg.broadcast_async(b.in, b.out, cfg.root);
-    case Collective::kAllgather: return pg.allgather_async(b.in, b.out);
-    case Collective::kReduceScatter: return pg.reduce_scatter_async(b.in, b.out, cfg.op);
-    case Collective::kAlltoall: return pg.alltoall_async(b.in, b.out);
-    case Collective::kBarrier: return pg.barrier_async();
-  }
-  MPIDDP_THROW("unreachable");
-}
-
-// Fills the inputs with the reference pattern, runs once, and counts wrong output elements here.
-int64_t count_wrong(ProcessGroup& pg, const BenchConfig& cfg, Collective c, const Buffers& b, int64_t count) {
-  const int r = pg.rank(), n = pg.size();
-  const int64_t part = count / n;
-  b.in.copy_(pattern(r, 0, b.in.numel()));
-  start(pg, cfg, c, b)->wait();
-  torch::Tensor expected;
-  switch (c) {
-    case Collective::kAllreduce: expected = reduce_pattern(cfg.op, n, 0, count); break;
-    case Collective::kBroadcast: expected = pattern(cfg.root, 0, count); break;
-    case Collective::kReduceScatter: expected = reduce_pattern(cfg.op, n, r * part, part); break;
-    case Collective::kAllgather: {
-      std::vector<torch::Tensor> parts;
-      for (int q = 0; q < n; ++q) parts.push_back(pattern(q, 0, part));
-      expected = torch::cat(parts);
-      break;
-    }
-    case Collective::kAlltoall: {
-      std::vector<torch::Tensor> parts;
-      for (int s = 0; s < n; ++s) parts.push_back(pattern(s, r * part, part));
-      expected = torch::cat(parts);
-      break;
-    }
-    case Collective::kBarrier: return 0;
-  }
-  // Averages are not integers: allow one rounding of the output dtype.
-  const double tol = cfg.op == ReduceOp::kAvg && traits(c).reduces
-                         ? (cfg.dtype == c10::kBFloat16 ? 1e-2 : cfg.dtype == c10::kHalf ? 1e-3 : 1e-6)
-                         : 0.0;
-  auto diff = (b.out.to(torch::kCPU).to(torch::kDouble) - expected).abs();
-  return (diff > expected.abs().clamp_min(1.0) * tol).sum().item<int64_t>();
-}
-
 Measurement measure(ProcessGroup& pg, const Runtime& rt, const BenchConfig& cfg, Collective c,
                     const bench::SizePoint& size, bool in_place) {
-  Buffers b = make_buffers(c, size.count, cfg, in_place, pg.rank(), pg.size());
-  for (int i = 0; i < cfg.warmup; ++i) start(pg, cfg, c, b)->wait();
+  const auto& run = detail::harness(c);
+  const detail::CollectiveArgs args{cfg.op, cfg.root};
+  const auto options = torch::TensorOptions().dtype(cfg.dtype).device(cfg.device);
+  const auto b = detail::make_buffers(c, size.count, options, in_place, pg.rank(), pg.size());
+  for (int i = 0; i < cfg.warmup; ++i) run.start(pg, b, args)->wait();
   {
     CollectiveStep step(rt.world(), "barrier before timing");
     MPI_Request rq;
@@ -201,7 +125,7 @@ Measurement measure(ProcessGroup& pg, const Runtime& rt, const BenchConfig& cfg,
     step.wait(rq);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < cfg.iters; ++i) start(pg, cfg, c, b)->wait();
+  for (int i = 0; i < cfg.iters; ++i) run.start(pg, b, args)->wait();
   const double mine =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / cfg.iters;
 
@@ -219,9 +143,10 @@ Measurement measure(ProcessGroup& pg, const Runtime& rt, const BenchConfig& cfg,
   m.min = *std::min_element(all.begin(), all.end());
   m.max = *std::max_element(all.begin(), all.end());
   m.algbw = bench::algbw_gbps(size.bytes, m.time_us * 1e-6);
-  m.busbw = m.algbw * bench::bus_factor(c, pg.size());
+  m.busbw = m.algbw * traits(c).bus_factor(pg.size());
   if (cfg.check) {
-    const int64_t wrong = count_wrong(pg, cfg, c, b, size.count);
+    // Inputs refilled with the harness's pattern, one more run, its output against the closed form.
+    const int64_t wrong = detail::verify(pg, c, b, args);
     int64_t total = 0;
     for (int64_t w : allgather_int64(rt.world(), {wrong})) total += w;
     m.wrong = total;
@@ -252,11 +177,11 @@ std::string row(const bench::SizePoint& s, const std::string& type, const std::s
 }
 
 json to_json(const Measurement& m) {
-  return {{"time_us", m.time_us}, {"time_us_p50", m.p50}, {"time_us_p95", m.p95}, {"time_us_min", m.min},
-          {"time_us_max", m.max}, {"algbw_gbps", m.algbw}, {"busbw_gbps", m.busbw},
-          {"wrong", m.wrong < 0 ? json(nullptr) : json(m.wrong)}};
+  return {{"time_us", m.time_us},  {"time_us_p50", m.p50},
+          {"time_us_p95", m.p95},  {"time_us_min", m.min},
+          {"time_us_max", m.max},  {"algbw_gbps", m.algbw},
+          {"busbw_gbps", m.busbw}, {"wrong", m.wrong < 0 ? json(nullptr) : json(m.wrong)}};
 }
-
 
 // What the command line says (the options' defaults are its initial values), before it becomes a
 // BenchConfig.
@@ -271,24 +196,38 @@ struct BenchFlags {
 const std::vector<OptionRow<BenchFlags>>& bench_options() {
   using F = BenchFlags;
   static const std::vector<OptionRow<BenchFlags>> rows = {
-      option<F>("backend", [](F& f) -> auto& { return f.backend; }, "mpi|nccl|gloo (those built into this binary)"),
-      option<F>("collective", [](F& f) -> auto& { return f.collective; },
-                "allreduce|allgather|reduce_scatter|broadcast|alltoall|all"),
-      option<F>("minbytes,b", [](F& f) -> auto& { return f.minbytes; }, "smallest size S, bytes (K, M, G accepted)"),
-      option<F>("maxbytes,e", [](F& f) -> auto& { return f.maxbytes; }, "largest size S"),
-      option<F>("stepfactor,f", [](F& f) -> auto& { return f.factor; }, "multiply the size by this between steps (> 1)"),
-      option<F>("warmup-iters,w", [](F& f) -> auto& { return f.warmup; }, "untimed iterations per size"),
-      option<F>("iters,n", [](F& f) -> auto& { return f.iters; }, "timed iterations per size"),
-      option<F>("check,c", [](F& f) -> auto& { return f.check; }, "1: verify results against the formula and count #wrong"),
-      option<F>("dtype,d", [](F& f) -> auto& { return f.dtype; }, "float32|float64|bfloat16|float16|int32|int64"),
-      option<F>("device", [](F& f) -> auto& { return f.device; },
-                "cpu|cuda|auto: where the buffers live (auto: this rank's GPU for nccl, else cpu)"),
-      option<F>("op,o", [](F& f) -> auto& { return f.op; }, "sum|avg|min|max (allreduce, reduce_scatter)"),
-      option<F>("root,r", [](F& f) -> auto& { return f.root; }, "broadcast root"),
-      option<F>("json", [](F& f) -> auto& { return f.json_path; }, "also write the results as JSON to this file (rank 0)",
-                kNoDefault),
-      option<F>("csv", [](F& f) -> auto& { return f.csv_path; }, "also write the results as CSV to this file (rank 0)",
-                kNoDefault),
+      option<F>(
+          "backend", [](F & f) -> auto& { return f.backend; }, backend_names("|") + " (those built into this binary)"),
+      option<F>(
+          "collective", [](F & f) -> auto& { return f.collective; },
+          "allreduce|allgather|reduce_scatter|broadcast|alltoall|all"),
+      option<F>(
+          "minbytes,b", [](F & f) -> auto& { return f.minbytes; }, "smallest size S, bytes (K, M, G accepted)"),
+      option<F>(
+          "maxbytes,e", [](F & f) -> auto& { return f.maxbytes; }, "largest size S"),
+      option<F>(
+          "stepfactor,f", [](F & f) -> auto& { return f.factor; }, "multiply the size by this between steps (> 1)"),
+      option<F>(
+          "warmup-iters,w", [](F & f) -> auto& { return f.warmup; }, "untimed iterations per size"),
+      option<F>(
+          "iters,n", [](F & f) -> auto& { return f.iters; }, "timed iterations per size"),
+      option<F>(
+          "check,c", [](F & f) -> auto& { return f.check; }, "1: verify results against the formula and count #wrong"),
+      option<F>(
+          "dtype,d", [](F & f) -> auto& { return f.dtype; }, "float32|float64|bfloat16|float16|int32|int64"),
+      option<F>(
+          "device", [](F & f) -> auto& { return f.device; },
+          "cpu|cuda|auto: where the buffers live (auto: this rank's GPU for nccl, else cpu)"),
+      option<F>(
+          "op,o", [](F & f) -> auto& { return f.op; }, "sum|avg|min|max (allreduce, reduce_scatter)"),
+      option<F>(
+          "root,r", [](F & f) -> auto& { return f.root; }, "broadcast root"),
+      option<F>(
+          "json", [](F & f) -> auto& { return f.json_path; }, "also write the results as JSON to this file (rank 0)",
+          kNoDefault),
+      option<F>(
+          "csv", [](F & f) -> auto& { return f.csv_path; }, "also write the results as CSV to this file (rank 0)",
+          kNoDefault),
   };
   return rows;
 }
@@ -308,7 +247,8 @@ BenchConfig config_of(const BenchFlags& f, const Runtime& runtime) {
   cfg.min_bytes = bench::parse_size(f.minbytes);
   cfg.max_bytes = bench::parse_size(f.maxbytes);
   MPIDDP_CHECK(cfg.min_bytes > 0, "--minbytes must be > 0");
-  MPIDDP_CHECK(cfg.max_bytes >= cfg.min_bytes, "--maxbytes (" + f.maxbytes + ") is below --minbytes (" + f.minbytes + ")");
+  MPIDDP_CHECK(cfg.max_bytes >= cfg.min_bytes,
+               "--maxbytes (" + f.maxbytes + ") is below --minbytes (" + f.minbytes + ")");
   MPIDDP_CHECK(f.factor > 1.0, "--stepfactor must be > 1");
   MPIDDP_CHECK(f.warmup >= 0, "--warmup-iters must be >= 0");
   MPIDDP_CHECK(f.iters >= 1, "--iters must be >= 1");
@@ -362,8 +302,10 @@ SweepResults run_sweep(ProcessGroup& pg, const Runtime& runtime, const BenchConf
     std::ostringstream table;
     table << "#\n# collective " << to_string(c) << "\n"
           << "#                                                    out-of-place                          in-place\n"
-          << "#       size         count      type   redop    root       time    algbw    busbw  #wrong       time    algbw    busbw  #wrong\n"
-          << "#        (B)    (elements)                                   (us)   (GB/s)   (GB/s)              (us)   (GB/s)   (GB/s)\n";
+          << "#       size         count      type   redop    root       time    algbw    busbw  #wrong       time    "
+             "algbw    busbw  #wrong\n"
+          << "#        (B)    (elements)                                   (us)   (GB/s)   (GB/s)              (us)   "
+             "(GB/s)   (GB/s)\n";
     print_rank0(runtime, table.str());
     if (!pg.supports(c, cfg.dtype, cfg.op)) {
       print_rank0(runtime, "# " + cfg.backend + " does not support " + to_string(c) + " of " + type +
@@ -378,8 +320,14 @@ SweepResults run_sweep(ProcessGroup& pg, const Runtime& runtime, const BenchConf
       out.busbw_sum += oop.busbw + ip.busbw;
       out.count += 2;
       out.wrong += std::max<int64_t>(oop.wrong, 0) + std::max<int64_t>(ip.wrong, 0);
-      out.rows.push_back({{"collective", to_string(c)}, {"size_bytes", size.bytes}, {"count", size.count}, {"type", type},
-                          {"redop", redop}, {"root", root}, {"out_of_place", to_json(oop)}, {"in_place", to_json(ip)}});
+      out.rows.push_back({{"collective", to_string(c)},
+                          {"size_bytes", size.bytes},
+                          {"count", size.count},
+                          {"type", type},
+                          {"redop", redop},
+                          {"root", root},
+                          {"out_of_place", to_json(oop)},
+                          {"in_place", to_json(ip)}});
       if (csv.is_open()) write_csv_rows(csv, c, size, type, redop, root, oop, ip);
     }
   }
@@ -387,10 +335,18 @@ SweepResults run_sweep(ProcessGroup& pg, const Runtime& runtime, const BenchConf
 }
 
 void write_json(const BenchConfig& cfg, const Runtime& runtime, const SweepResults& r, double avg_busbw) {
-  json doc = {{"backend", cfg.backend}, {"world_size", runtime.size()}, {"node_count", runtime.node_count()},
-              {"dtype", dtype_name(cfg.dtype)}, {"device", cfg.device.is_cuda() ? "cuda" : "cpu"},
-              {"op", to_string(cfg.op)}, {"warmup_iters", cfg.warmup}, {"iters", cfg.iters}, {"check", cfg.check},
-              {"results", r.rows}, {"avg_busbw_gbps", avg_busbw}, {"wrong", r.wrong},
+  json doc = {{"backend", cfg.backend},
+              {"world_size", runtime.size()},
+              {"node_count", runtime.node_count()},
+              {"dtype", dtype_name(cfg.dtype)},
+              {"device", cfg.device.is_cuda() ? "cuda" : "cpu"},
+              {"op", to_string(cfg.op)},
+              {"warmup_iters", cfg.warmup},
+              {"iters", cfg.iters},
+              {"check", cfg.check},
+              {"results", r.rows},
+              {"avg_busbw_gbps", avg_busbw},
+              {"wrong", r.wrong},
               {"result", r.wrong == 0 ? "OK" : "FAILED"}};
   std::ofstream j(cfg.json_path);
   MPIDDP_CHECK(j.good(), "cannot write --json file '" + cfg.json_path + "'");
@@ -420,8 +376,8 @@ int run_bench(Runtime& runtime, const std::vector<std::string>& args) {
   }
   // Group creation fails on every rank alike (each backend agrees before it can block).
   std::unique_ptr<ProcessGroup> pg;
-  if (auto code = agree_on_local_phase(runtime, "bench", [&] { pg = make_process_group(cfg.backend, runtime); },
-                                       kExitFailure)) {
+  if (auto code = agree_on_local_phase(
+          runtime, "bench", [&] { pg = make_process_group(cfg.backend, runtime); }, kExitFailure)) {
     return *code;
   }
   std::ostringstream out;

@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "runtime/agreement.hpp"
+
 namespace mpiddp::app {
 
 std::string env_name_for(const std::string& option) {
@@ -54,19 +56,16 @@ po::variables_map parse_options(const po::options_description& options, const st
 
 std::optional<int> agree_on_local_phase(const Runtime& runtime, const std::string& command,
                                         const std::function<void()>& body, int failure_code) {
-  std::string error;
-  try {
-    body();
-  } catch (const mpiddp::CollectiveTimeout&) {
-    throw;  // not this rank's own failure: agreeing on it would wait a second timeout
-  } catch (const mpiddp::Error& e) {
-    error = e.message();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  if (all_ok(runtime.world(), error.empty())) return std::nullopt;
+  // A CollectiveTimeout goes on (not this rank's own failure: agreeing on it would wait a second
+  // timeout); a foreign error is kept whole (Boost.PO's is one line).
+  detail::LocalFailure failure;
+  failure.run(body, [](const std::exception& e) -> std::string {
+    const auto* ours = dynamic_cast<const mpiddp::Error*>(&e);
+    return ours ? ours->message() : e.what();
+  });
+  if (!detail::any_rank_failed(runtime.world(), failure)) return std::nullopt;
 
-  auto errors = gather_strings(runtime.world(), error);
+  auto errors = gather_strings(runtime.world(), failure.reason());
   if (runtime.rank() == 0) {
     std::map<std::string, std::vector<int>> ranks_by_error;  // ordered: deterministic output
     for (int r = 0; r < static_cast<int>(errors.size()); ++r) {

@@ -17,8 +17,8 @@ namespace po = boost::program_options;
 
 /// Exit codes shared by every subcommand.
 constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;  ///< the command ran and found a failure (e.g. sanity check FAILED)
-constexpr int kExitUsage = 2;    ///< bad input: unknown option, bad value, missing file
+constexpr int kExitFailure = 1;      ///< the command ran and found a failure (e.g. sanity check FAILED)
+constexpr int kExitUsage = 2;        ///< bad input: unknown option, bad value, missing file
 constexpr int kExitCannotRun = 127;  ///< launch: the command cannot be started (as a shell says)
 
 /// Parses `args` against `options`: command line first, then the file named by --config (when

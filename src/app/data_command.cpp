@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "app/cli.hpp"
+#include "app/option_table.hpp"
 
 namespace mpiddp::app {
 namespace {
@@ -72,8 +73,7 @@ std::string shard_name(const std::string& prefix, const char* split, int index) 
 // Byte-level tokens (vocabulary 256) of the files, in order: the last `val_fraction` of them are
 // the validation shard (PREFIX_val_000000.bin), the rest the training shards from
 // PREFIX_train_000001.bin on, as llm.c names them (nanoGPT's shakespeare_char splits the same way).
-std::string write_text_shards(const std::vector<std::string>& inputs, const std::string& prefix,
-                              double val_fraction) {
+std::string write_text_shards(const std::vector<std::string>& inputs, const std::string& prefix, double val_fraction) {
   std::vector<uint32_t> tokens;
   for (const auto& in : inputs) {
     std::ifstream f(in, std::ios::binary);
@@ -81,7 +81,8 @@ std::string write_text_shards(const std::vector<std::string>& inputs, const std:
     std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     tokens.insert(tokens.end(), bytes.begin(), bytes.end());
   }
-  MPIDDP_CHECK(tokens.size() >= 2, "the --in files hold " + std::to_string(tokens.size()) + " bytes: too few to train on");
+  MPIDDP_CHECK(tokens.size() >= 2,
+               "the --in files hold " + std::to_string(tokens.size()) + " bytes: too few to train on");
   const auto val = static_cast<size_t>(static_cast<double>(tokens.size()) * val_fraction);
   const size_t train = tokens.size() - val;
   MPIDDP_CHECK(train >= 2 && (val_fraction == 0 || val >= 2),
@@ -103,27 +104,53 @@ std::string write_text_shards(const std::vector<std::string>& inputs, const std:
   return report;
 }
 
-}  // namespace
-
-int run_data(Runtime& runtime, const std::vector<std::string>& args) {
+// What the command line says; its initial values are the options' defaults.
+struct DataConfig {
   std::string kind, source, out;
   int64_t samples = 2048, features = 20, targets = 1;
   uint64_t seed = 0;
   std::vector<std::string> inputs;
   double val_fraction = 0.1;
-  po::options_description options("mpiddp data options");
-  options.add_options()("help,h", "show this help")("kind", po::value(&kind), "fashion-mnist | mnist | synthetic | text")(
-      "source", po::value(&source), "folder of the IDX .gz files (fashion-mnist default: /usr/share/datasets/fashion-mnist)")(
-      "out", po::value(&out), "output file; fashion-mnist/mnist write OUT-train.h5 and OUT-test.h5")(
-      "samples", po::value(&samples)->default_value(2048), "synthetic: samples")(
-      "features", po::value(&features)->default_value(20), "synthetic: inputs per sample")(
-      "targets", po::value(&targets)->default_value(1), "synthetic: regression targets per sample")(
-      "seed", po::value(&seed)->default_value(0), "synthetic: random seed (same seed, same file)")(
-      "in", po::value(&inputs)->multitoken(), "text: the text files, read as bytes in this order")(
-      "val-fraction", po::value(&val_fraction)->default_value(0.1),
-      "text: the last fraction of the bytes that goes to the validation shard (0: none)");
-  po::positional_options_description positional;
-  positional.add("kind", 1);
+};
+
+// Every `mpiddp data` option, once.
+const std::vector<OptionRow<DataConfig>>& data_options() {
+  using C = DataConfig;
+  static const std::vector<OptionRow<C>> rows = {
+      option<C>(
+          "kind", [](C & c) -> auto& { return c.kind; }, "fashion-mnist | mnist | synthetic | text", kNoDefault)
+          .positional(),
+      option<C>(
+          "source", [](C & c) -> auto& { return c.source; },
+          "folder of the IDX .gz files (fashion-mnist default: " + std::string(kFashionMnistDir) + ")", kNoDefault),
+      option<C>(
+          "out", [](C & c) -> auto& { return c.out; },
+          "output file; fashion-mnist/mnist write OUT-train.h5 and OUT-test.h5", kNoDefault),
+      option<C>(
+          "samples", [](C & c) -> auto& { return c.samples; }, "synthetic: samples"),
+      option<C>(
+          "features", [](C & c) -> auto& { return c.features; }, "synthetic: inputs per sample"),
+      option<C>(
+          "targets", [](C & c) -> auto& { return c.targets; }, "synthetic: regression targets per sample"),
+      option<C>(
+          "seed", [](C & c) -> auto& { return c.seed; }, "synthetic: random seed (same seed, same file)"),
+      option<C>(
+          "in", [](C & c) -> auto& { return c.inputs; }, "text: the text files, read as bytes in this order",
+          kNoDefault)
+          .multitoken(),
+      option<C>(
+          "val-fraction", [](C & c) -> auto& { return c.val_fraction; },
+          "text: the last fraction of the bytes that goes to the validation shard (0: none)"),
+  };
+  return rows;
+}
+
+}  // namespace
+
+int run_data(Runtime& runtime, const std::vector<std::string>& args) {
+  DataConfig c;
+  const auto options = describe("mpiddp data options", data_options(), c);
+  const auto positional = positionals(data_options());
   return run_rank0_command(
       runtime, args,
       {"data",
@@ -137,35 +164,36 @@ int run_data(Runtime& runtime, const std::vector<std::string>& args) {
        "(at most 100M tokens each) and PREFIX_val_000000.bin, the last --val-fraction of the bytes.\n\n",
        options, &positional,
        [&](const po::variables_map&) {
-         MPIDDP_CHECK(kind == "fashion-mnist" || kind == "mnist" || kind == "synthetic" || kind == "text",
-                      kind.empty() ? std::string("say what to write: fashion-mnist, mnist, synthetic or text")
-                                   : "unknown dataset kind '" + kind + "' (fashion-mnist, mnist, synthetic, text)");
-         MPIDDP_CHECK(!out.empty(), "--out is required");
-         if (kind == "text") {
-           MPIDDP_CHECK(!inputs.empty(), "text: --in FILE... is required");
-           for (const auto& in : inputs) {
+         MPIDDP_CHECK(c.kind == "fashion-mnist" || c.kind == "mnist" || c.kind == "synthetic" || c.kind == "text",
+                      c.kind.empty() ? std::string("say what to write: fashion-mnist, mnist, synthetic or text")
+                                     : "unknown dataset kind '" + c.kind + "' (fashion-mnist, mnist, synthetic, text)");
+         MPIDDP_CHECK(!c.out.empty(), "--out is required");
+         if (c.kind == "text") {
+           MPIDDP_CHECK(!c.inputs.empty(), "text: --in FILE... is required");
+           for (const auto& in : c.inputs) {
              MPIDDP_CHECK(std::filesystem::is_regular_file(in), "--in '" + in + "' is not a readable file");
            }
-           MPIDDP_CHECK(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got " +
-                                                                   std::to_string(val_fraction));
+           MPIDDP_CHECK(c.val_fraction >= 0 && c.val_fraction < 1,
+                        "--val-fraction must be in [0, 1), got " + std::to_string(c.val_fraction));
            return;
          }
-         if (kind == "fashion-mnist" && source.empty()) source = kFashionMnistDir;
-         MPIDDP_CHECK(kind == "synthetic" || !source.empty(), "--source is required for " + kind);
-         MPIDDP_CHECK(kind == "synthetic" || std::filesystem::is_directory(source),
-                      "--source '" + source + "' is not a folder");
-         MPIDDP_CHECK(samples > 0 && features > 0 && targets > 0, "--samples, --features and --targets must be > 0");
+         if (c.kind == "fashion-mnist" && c.source.empty()) c.source = kFashionMnistDir;
+         MPIDDP_CHECK(c.kind == "synthetic" || !c.source.empty(), "--source is required for " + c.kind);
+         MPIDDP_CHECK(c.kind == "synthetic" || std::filesystem::is_directory(c.source),
+                      "--source '" + c.source + "' is not a folder");
+         MPIDDP_CHECK(c.samples > 0 && c.features > 0 && c.targets > 0,
+                      "--samples, --features and --targets must be > 0");
        },
        [&] {
-         if (kind == "text") return write_text_shards(inputs, out, val_fraction);
-         if (kind == "synthetic") {
-           torch::manual_seed(seed);
-           auto x = torch::rand({samples, features});
-           auto y = torch::rand({samples, targets});
-           write_dataset(out, x, y, 1.0, 0, "mpiddp data synthetic --seed " + std::to_string(seed));
-           return describe(out);
+         if (c.kind == "text") return write_text_shards(c.inputs, c.out, c.val_fraction);
+         if (c.kind == "synthetic") {
+           torch::manual_seed(c.seed);
+           auto x = torch::rand({c.samples, c.features});
+           auto y = torch::rand({c.samples, c.targets});
+           write_dataset(c.out, x, y, 1.0, 0, "mpiddp data synthetic --seed " + std::to_string(c.seed));
+           return describe(c.out);
          }
-         return convert_idx(source, out, kind);
+         return convert_idx(c.source, c.out, c.kind);
        }});
 }
 

@@ -1,9 +1,9 @@
 // `mpiddp export`: a snapshot's trained model in a form Python loads in one line: the TorchScript
 // module with its trained weights (torch.jit.load), a state_dict (torch.load + load_state_dict), or
 // for the built-in GPT a Hugging Face GPT-2 directory (GPT2LMHeadModel.from_pretrained).
-#include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/model.hpp>
+#include <mpiddp/snapshot.hpp>
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "app/cli.hpp"
+#include "app/option_table.hpp"
 #include "models/hf_gpt2.hpp"
 #include "snapshot/snapshot_codec.hpp"
 
@@ -51,8 +52,8 @@ void write_bytes(const std::string& path, const char* data, size_t size) {
 // The snapshot's TorchScript module with the trained parameters and buffers put in.
 std::string export_torchscript(const Snapshot& s, const std::string& name, const std::string& out) {
   auto it = s.tensors.find("torchscript");
-  MPIDDP_CHECK(it != s.tensors.end(), "snapshot '" + name +
-                                          "' is of a C++ model, not a TorchScript one: export it with --format state-dict");
+  MPIDDP_CHECK(it != s.tensors.end(),
+               "snapshot '" + name + "' is of a C++ model, not a TorchScript one: export it with --format state-dict");
   const auto bytes = it->second.contiguous();
   auto model = load_torchscript_bytes(
       std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())),
@@ -76,8 +77,8 @@ std::string export_torchscript(const Snapshot& s, const std::string& name, const
 // (weights_only=True by default) refuses the tags' torch.jit._pickle.restore_type_tag.
 std::vector<char> torch_save_bytes(const c10::IValue& value) {
   std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr,
-                              nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr, nullptr,
+                              nullptr, nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
@@ -115,18 +116,34 @@ std::string export_hf(const Snapshot& s, const std::string& name, const std::str
          "transformers.GPT2LMHeadModel.from_pretrained(DIR))";
 }
 
+// What the command line says; its initial values are the options' defaults.
+struct ExportConfig {
+  std::string snapshot, out, format = "auto";
+};
+
+// Every `mpiddp export` option, once.
+const std::vector<OptionRow<ExportConfig>>& export_options() {
+  using C = ExportConfig;
+  static const std::vector<OptionRow<C>> rows = {
+      option<C>(
+          "snapshot", [](C & c) -> auto& { return c.snapshot; }, "the snapshot (HDF5) to export", kNoDefault)
+          .positional(),
+      option<C>(
+          "out", [](C & c) -> auto& { return c.out; }, "the file to write (--format hf: the directory)", kNoDefault),
+      option<C>(
+          "format", [](C & c) -> auto& { return c.format; },
+          "auto (torchscript for a TorchScript model, else state-dict) | torchscript | state-dict | hf (the "
+          "built-in GPT as Hugging Face's GPT-2: config.json + model.safetensors)"),
+  };
+  return rows;
+}
+
 }  // namespace
 
 int run_export(Runtime& runtime, const std::vector<std::string>& args) {
-  std::string snapshot, out, format = "auto";
-  po::options_description options("mpiddp export options");
-  options.add_options()("help,h", "show this help")("snapshot", po::value(&snapshot), "the snapshot (HDF5) to export")(
-      "out", po::value(&out), "the file to write (--format hf: the directory)")(
-      "format", po::value(&format)->default_value("auto"),
-      "auto (torchscript for a TorchScript model, else state-dict) | torchscript | state-dict | hf (the built-in "
-      "GPT as Hugging Face's GPT-2: config.json + model.safetensors)");
-  po::positional_options_description positional;
-  positional.add("snapshot", 1);
+  ExportConfig c;
+  const auto options = describe("mpiddp export options", export_options(), c);
+  const auto positional = positionals(export_options());
   return run_rank0_command(
       runtime, args,
       {"export",
@@ -137,18 +154,18 @@ int run_export(Runtime& runtime, const std::vector<std::string>& args) {
        "(--format hf --out DIR: GPT2LMHeadModel.from_pretrained(DIR)). The snapshot is verified first.\n\n",
        options, &positional,
        [&](const po::variables_map&) {
-         MPIDDP_CHECK(!snapshot.empty(), "say which snapshot to export (mpiddp export SNAPSHOT --out FILE)");
-         MPIDDP_CHECK(!out.empty(), "--out is required");
-         MPIDDP_CHECK(format == "auto" || format == "torchscript" || format == "state-dict" || format == "hf",
-                      "unknown --format '" + format + "' (auto, torchscript, state-dict, hf)");
+         MPIDDP_CHECK(!c.snapshot.empty(), "say which snapshot to export (mpiddp export SNAPSHOT --out FILE)");
+         MPIDDP_CHECK(!c.out.empty(), "--out is required");
+         MPIDDP_CHECK(c.format == "auto" || c.format == "torchscript" || c.format == "state-dict" || c.format == "hf",
+                      "unknown --format '" + c.format + "' (auto, torchscript, state-dict, hf)");
        },
        [&] {
-         const Snapshot s = read_snapshot(snapshot);  // verified: a damaged file is refused here
-         const bool script = format == "torchscript" || (format == "auto" && s.tensors.count("torchscript"));
-         return "mpiddp export: wrote " + out + ": " +
-                (format == "hf" ? export_hf(s, snapshot, out)
-                 : script       ? export_torchscript(s, snapshot, out)
-                                : export_state_dict(s, out)) +
+         const Snapshot s = read_snapshot(c.snapshot);  // verified: a damaged file is refused here
+         const bool script = c.format == "torchscript" || (c.format == "auto" && s.tensors.count("torchscript"));
+         return "mpiddp export: wrote " + c.out + ": " +
+                (c.format == "hf" ? export_hf(s, c.snapshot, c.out)
+                 : script         ? export_torchscript(s, c.snapshot, c.out)
+                                  : export_state_dict(s, c.out)) +
                 "\n";
        }});
 }

@@ -2,10 +2,10 @@
 // generate). The snapshot holds the model's shape (the run's options, "gpt"), so no shape flags.
 // Tokens come out as bytes for a byte vocabulary, as text through an llm.c tokenizer file, else
 // as token ids.
-#include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/gpt.hpp>
 #include <mpiddp/model.hpp>
+#include <mpiddp/snapshot.hpp>
 
 #include <cstring>
 #include <fstream>
@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli.hpp"
+#include "app/option_table.hpp"
 #include "common/text.hpp"
 #include "snapshot/snapshot_codec.hpp"
 
@@ -76,29 +77,54 @@ std::vector<int64_t> token_list(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    MPIDDP_CHECK(used == item.size() && used > 0, "--prompt-tokens takes token ids separated by commas, got '" + text + "'");
+    MPIDDP_CHECK(used == item.size() && used > 0,
+                 "--prompt-tokens takes token ids separated by commas, got '" + text + "'");
   }
   return ids;
+}
+
+// What the command line says; its initial values are the options' defaults.
+struct GenerateConfig {
+  std::string snapshot, prompt, prompt_tokens, tokenizer;
+  int64_t max_new_tokens = 200, top_k = 0;
+  double temperature = 1.0;
+  uint64_t seed = 1337;
+};
+
+// Every `mpiddp generate` option, once.
+const std::vector<OptionRow<GenerateConfig>>& generate_options() {
+  using C = GenerateConfig;
+  static const std::vector<OptionRow<C>> rows = {
+      option<C>(
+          "snapshot", [](C & c) -> auto& { return c.snapshot; }, "a snapshot of a --model gpt run", kNoDefault)
+          .positional(),
+      option<C>(
+          "prompt", [](C & c) -> auto& { return c.prompt; },
+          "the text to continue (its bytes: a byte-level vocabulary)", kNoDefault),
+      option<C>(
+          "prompt-tokens", [](C & c) -> auto& { return c.prompt_tokens; },
+          "the prompt as token ids, comma-separated (any vocabulary)", kNoDefault),
+      option<C>(
+          "max-new-tokens", [](C & c) -> auto& { return c.max_new_tokens; }, "tokens to generate"),
+      option<C>(
+          "temperature", [](C & c) -> auto& { return c.temperature; }, "divides the logits (< 1: surer, > 1: wilder)"),
+      option<C>(
+          "top-k", [](C & c) -> auto& { return c.top_k; }, "draw from the k likeliest tokens only (0: all; 1: greedy)"),
+      option<C>(
+          "seed", [](C & c) -> auto& { return c.seed; }, "seed of the draws"),
+      option<C>(
+          "tokenizer", [](C & c) -> auto& { return c.tokenizer; },
+          "llm.c's tokenizer file (gpt2_tokenizer.bin): print text, not token ids", kNoDefault),
+  };
+  return rows;
 }
 
 }  // namespace
 
 int run_generate(Runtime& runtime, const std::vector<std::string>& args) {
-  std::string snapshot, prompt, prompt_tokens, tokenizer;
-  int64_t max_new_tokens = 200, top_k = 0;
-  double temperature = 1.0;
-  uint64_t seed = 1337;
-  po::options_description options("mpiddp generate options");
-  options.add_options()("help,h", "show this help")("snapshot", po::value(&snapshot), "a snapshot of a --model gpt run")(
-      "prompt", po::value(&prompt), "the text to continue (its bytes: a byte-level vocabulary)")(
-      "prompt-tokens", po::value(&prompt_tokens), "the prompt as token ids, comma-separated (any vocabulary)")(
-      "max-new-tokens", po::value(&max_new_tokens)->default_value(200), "tokens to generate")(
-      "temperature", po::value(&temperature)->default_value(1.0), "divides the logits (< 1: surer, > 1: wilder)")(
-      "top-k", po::value(&top_k)->default_value(0), "draw from the k likeliest tokens only (0: all; 1: greedy)")(
-      "seed", po::value(&seed)->default_value(1337), "seed of the draws")(
-      "tokenizer", po::value(&tokenizer), "llm.c's tokenizer file (gpt2_tokenizer.bin): print text, not token ids");
-  po::positional_options_description positional;
-  positional.add("snapshot", 1);
+  GenerateConfig c;
+  const auto options = describe("mpiddp generate options", generate_options(), c);
+  const auto positional = positionals(generate_options());
   return run_rank0_command(
       runtime, args,
       {"generate",
@@ -110,31 +136,35 @@ int run_generate(Runtime& runtime, const std::vector<std::string>& args) {
        "with --tokenizer, else as token ids.\n\n",
        options, &positional,
        [&](const po::variables_map&) {
-         MPIDDP_CHECK(!snapshot.empty(), "say which snapshot to generate from (mpiddp generate SNAPSHOT --prompt TEXT)");
-         MPIDDP_CHECK(prompt.empty() != prompt_tokens.empty(), "give the prompt once: --prompt TEXT or --prompt-tokens IDS");
-         MPIDDP_CHECK(max_new_tokens >= 0, "--max-new-tokens must be >= 0");
-         MPIDDP_CHECK(temperature > 0, "--temperature must be > 0");
-         MPIDDP_CHECK(top_k >= 0, "--top-k must be >= 0 (0: all tokens)");
+         MPIDDP_CHECK(!c.snapshot.empty(),
+                      "say which snapshot to generate from (mpiddp generate SNAPSHOT --prompt TEXT)");
+         MPIDDP_CHECK(c.prompt.empty() != c.prompt_tokens.empty(),
+                      "give the prompt once: --prompt TEXT or --prompt-tokens IDS");
+         MPIDDP_CHECK(c.max_new_tokens >= 0, "--max-new-tokens must be >= 0");
+         MPIDDP_CHECK(c.temperature > 0, "--temperature must be > 0");
+         MPIDDP_CHECK(c.top_k >= 0, "--top-k must be >= 0 (0: all tokens)");
        },
        [&] {
-         const Snapshot s = read_snapshot(snapshot);
-         auto gpt = gpt_of(s, snapshot);
+         const Snapshot s = read_snapshot(c.snapshot);
+         auto gpt = gpt_of(s, c.snapshot);
          const int64_t vocab = gpt->config().vocab_size;
-         std::vector<int64_t> ids = prompt_tokens.empty() ? std::vector<int64_t>(prompt.begin(), prompt.end())
-                                                          : token_list(prompt_tokens);
+         std::vector<int64_t> ids = c.prompt_tokens.empty() ? std::vector<int64_t>(c.prompt.begin(), c.prompt.end())
+                                                            : token_list(c.prompt_tokens);
          for (auto& id : ids) {
-           if (prompt_tokens.empty()) id &= 0xFF;  // bytes, not signed chars
-           MPIDDP_CHECK(id >= 0 && id < vocab, "prompt token " + std::to_string(id) + " is outside the model's vocabulary of " +
-                                                   std::to_string(vocab));
+           if (c.prompt_tokens.empty()) id &= 0xFF;  // bytes, not signed chars
+           MPIDDP_CHECK(id >= 0 && id < vocab, "prompt token " + std::to_string(id) +
+                                                   " is outside the model's vocabulary of " + std::to_string(vocab));
          }
-         const auto table = tokenizer.empty() ? std::vector<std::string>() : read_tokenizer(tokenizer);
-         torch::manual_seed(seed);
-         const auto out = gpt->generate(torch::tensor(ids, torch::kLong).unsqueeze(0), max_new_tokens, temperature, top_k);
+         const auto table = c.tokenizer.empty() ? std::vector<std::string>() : read_tokenizer(c.tokenizer);
+         torch::manual_seed(c.seed);
+         const auto out =
+             gpt->generate(torch::tensor(ids, torch::kLong).unsqueeze(0), c.max_new_tokens, c.temperature, c.top_k);
          std::string text;
          for (int64_t i = 0; i < out.size(1); ++i) {
            const auto id = out[0][i].item<int64_t>();
            if (!table.empty()) {
-             MPIDDP_CHECK(id < static_cast<int64_t>(table.size()), "token " + std::to_string(id) + " is not in the tokenizer");
+             MPIDDP_CHECK(id < static_cast<int64_t>(table.size()),
+                          "token " + std::to_string(id) + " is not in the tokenizer");
              text += table[static_cast<size_t>(id)];
            } else if (vocab <= 256) {
              text += static_cast<char>(id);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "app/cli.hpp"
+#include "app/option_table.hpp"
 
 extern char** environ;
 
@@ -52,8 +53,11 @@ json describe_rank(const Runtime& rt) {
   j["device"] = rt.device().str();
   j["visible_gpus"] = rt.visible_gpus();
   if (auto g = describe_gpu(rt.device())) {
-    j["gpu"] = {{"name", g->name}, {"uuid", g->uuid}, {"pci_bus_id", g->pci_bus_id},
-                {"memory_gib", g->memory_gib}, {"compute_capability", g->compute_capability}};
+    j["gpu"] = {{"name", g->name},
+                {"uuid", g->uuid},
+                {"pci_bus_id", g->pci_bus_id},
+                {"memory_gib", g->memory_gib},
+                {"compute_capability", g->compute_capability}};
   } else {
     j["gpu"] = nullptr;
   }
@@ -101,13 +105,14 @@ std::string format_text(const json& ranks, const json& checks, bool ok) {
       << (v["libtorch_cuda"].is_null() ? std::string(", CPU only") : ", CUDA " + v["libtorch_cuda"].get<std::string>())
       << "\n"
       << "  NCCL      : " << or_none(v["nccl"]) << "\n"
-      << "  CUDA      : " << (v["cuda_runtime"].is_null() ? std::string("not built")
-                                                           : "runtime " + v["cuda_runtime"].get<std::string>() +
-                                                                 ", driver " + v["cuda_driver"].get<std::string>())
+      << "  CUDA      : "
+      << (v["cuda_runtime"].is_null()
+              ? std::string("not built")
+              : "runtime " + v["cuda_runtime"].get<std::string>() + ", driver " + v["cuda_driver"].get<std::string>())
       << ", " << first["visible_gpus"].get<int>() << " GPU(s) visible to rank 0\n"
       << "  CUDA-aware MPI: " << v["mpi_cuda_aware"].get<std::string>() << "\n"
-      << "  HDF5      : " << v["hdf5"].get<std::string>() << (v["hdf5_parallel"].get<bool>() ? " (parallel)" : " (serial)")
-      << "\n"
+      << "  HDF5      : " << v["hdf5"].get<std::string>()
+      << (v["hdf5_parallel"].get<bool>() ? " (parallel)" : " (serial)") << "\n"
       << "  backends  : ";
   for (size_t i = 0; i < v["backends"].size(); ++i) out << (i ? ", " : "") << v["backends"][i].get<std::string>();
   out << "\n";
@@ -132,29 +137,47 @@ std::string format_text(const json& ranks, const json& checks, bool ok) {
   return out.str();
 }
 
+// What the command line says; its initial values are the options' defaults.
+struct InfoConfig {
+  bool as_json = false;
+  int inject_fault = -1;
+};
+
+// Every `mpiddp info` option, once.
+const std::vector<OptionRow<InfoConfig>>& info_options() {
+  using C = InfoConfig;
+  static const std::vector<OptionRow<C>> rows = {
+      flag_switch<C>(
+          "json", [](C & c) -> auto& { return c.as_json; }, "print one JSON document instead of text"),
+      option<C>(
+          "inject-fault", [](C & c) -> auto& { return c.inject_fault; },
+          "make RANK contribute wrong values to the sanity check (to test the FAILED path)")
+          .value_name("RANK"),
+  };
+  return rows;
+}
+
 }  // namespace
 
 int run_info(Runtime& runtime, const std::vector<std::string>& args) {
-  po::options_description options("mpiddp info options");
-  options.add_options()("help,h", "show this help")("json", "print one JSON document instead of text")(
-      "inject-fault", po::value<int>()->default_value(-1)->value_name("RANK"),
-      "make RANK contribute wrong values to the sanity check (to test the FAILED path)");
+  InfoConfig c;
+  const auto options = describe("mpiddp info options", info_options(), c);
   po::variables_map vm;
   if (auto code = agree_on_local_phase(runtime, "info", [&] { vm = parse_options(options, args); })) return *code;
   if (vm.count("help")) {
     print_help(runtime,
                "usage: mpirun -np N mpiddp info [options]\n\n"
-            "Prints every rank's hostname, rank, local rank, node index, device, GPU and NCCL_* variables in\n"
-            "rank order, the library versions (CUDA-aware MPI or not), and checks allreduce, broadcast and\n"
-            "allgather on all ranks.\n"
-            "Exit status 0 when the sanity check passes on every rank, 1 otherwise.\n\n",
+               "Prints every rank's hostname, rank, local rank, node index, device, GPU and NCCL_* variables in\n"
+               "rank order, the library versions (CUDA-aware MPI or not), and checks allreduce, broadcast and\n"
+               "allgather on all ranks.\n"
+               "Exit status 0 when the sanity check passes on every rank, 1 otherwise.\n\n",
                options);
     return kExitOk;
   }
 
   const std::string mine = describe_rank(runtime).dump();
   const auto all = gather_strings(runtime.world(), mine);
-  const auto results = run_sanity_checks(runtime, vm["inject-fault"].as<int>());
+  const auto results = run_sanity_checks(runtime, c.inject_fault);
   bool ok = true;
   json checks = json::array();
   for (const auto& r : results) {
@@ -164,7 +187,7 @@ int run_info(Runtime& runtime, const std::vector<std::string>& args) {
   if (runtime.rank() == 0) {
     json ranks = json::array();
     for (const auto& s : all) ranks.push_back(json::parse(s));
-    if (vm.count("json")) {
+    if (c.as_json) {
       json doc = {{"world_size", runtime.size()},
                   {"node_count", runtime.node_count()},
                   {"ranks", ranks},

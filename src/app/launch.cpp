@@ -122,19 +122,19 @@ EnvPairs torchrun_environment(const WorkerContract& c) {
   const Topology& t = c.topology;
   const auto s = [](int v) { return std::to_string(v); };
   EnvPairs env = {{"RANK", s(t.rank)},
-          {"WORLD_SIZE", s(t.size)},
-          {"LOCAL_RANK", s(t.local_rank)},
-          {"LOCAL_WORLD_SIZE", s(t.local_size)},
-          {"GROUP_RANK", s(t.node_rank)},
-          {"GROUP_WORLD_SIZE", s(t.node_count)},
-          {"ROLE_NAME", "default"},
-          {"ROLE_RANK", s(t.rank)},
-          {"ROLE_WORLD_SIZE", s(t.size)},
-          {"MASTER_ADDR", c.master_addr},
-          {"MASTER_PORT", s(c.master_port)},
-          {"TORCHELASTIC_RUN_ID", c.run_id},
-          {"TORCHELASTIC_RESTART_COUNT", "0"},
-          {"TORCHELASTIC_MAX_RESTARTS", "0"}};
+                  {"WORLD_SIZE", s(t.size)},
+                  {"LOCAL_RANK", s(t.local_rank)},
+                  {"LOCAL_WORLD_SIZE", s(t.local_size)},
+                  {"GROUP_RANK", s(t.node_rank)},
+                  {"GROUP_WORLD_SIZE", s(t.node_count)},
+                  {"ROLE_NAME", "default"},
+                  {"ROLE_RANK", s(t.rank)},
+                  {"ROLE_WORLD_SIZE", s(t.size)},
+                  {"MASTER_ADDR", c.master_addr},
+                  {"MASTER_PORT", s(c.master_port)},
+                  {"TORCHELASTIC_RUN_ID", c.run_id},
+                  {"TORCHELASTIC_RESTART_COUNT", "0"},
+                  {"TORCHELASTIC_MAX_RESTARTS", "0"}};
   if (c.store == StoreHost::kLauncher) env.emplace_back("TORCHELASTIC_USE_AGENT_STORE", "True");
   return env;
 }

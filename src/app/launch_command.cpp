@@ -16,6 +16,7 @@
 
 #include "app/cli.hpp"
 #include "app/launch.hpp"
+#include "app/option_table.hpp"
 #include "comm/served_store.hpp"
 #include "common/check.hpp"
 #include "runtime/child_process.hpp"
@@ -129,21 +130,38 @@ void print_contracts(const Runtime& rt, const std::vector<std::string>& env, con
   }
 }
 
+// What the command line says before COMMAND; its initial values are the options' defaults.
+struct LaunchConfig {
+  std::string master_addr, store_host = "worker";
+  bool print_env = false;
+};
+
+// Every `mpiddp launch` option, once.
+const std::vector<OptionRow<LaunchConfig>>& launch_options() {
+  using C = LaunchConfig;
+  static const std::vector<OptionRow<C>> rows = {
+      option<C>(
+          "master-addr", [](C & c) -> auto& { return c.master_addr; },
+          "the address the workers dial for rank 0's store (default: 127.0.0.1 on one node, else the first of "
+          "rank 0's interfaces every node reaches on a subnet of its own, else rank 0's hostname)",
+          kNoDefault),
+      option<C>(
+          "store", [](C & c) -> auto& { return c.store_host; },
+          "who serves the workers' rendezvous store: worker (rank 0's command, on a port its launcher "
+          "holds for it; any torch) | launcher (rank 0's launcher, torchrun's agent store; the command's "
+          "torch must be the version mpiddp was built with)"),
+      flag_switch<C>(
+          "print-env", [](C & c) -> auto& { return c.print_env; },
+          "print what each rank's command gets (rank 0, in rank order)"),
+  };
+  return rows;
+}
+
 }  // namespace
 
 int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
-  std::string given_addr, store_host = "worker";
-  bool print_env = false;
-  po::options_description options("launch options");
-  options.add_options()("help,h", "show this help")(
-      "master-addr", po::value(&given_addr),
-      "the address the workers dial for rank 0's store (default: 127.0.0.1 on one node, else the first of "
-      "rank 0's interfaces every node reaches on a subnet of its own, else rank 0's hostname)")(
-      "store", po::value(&store_host)->default_value("worker"),
-      "who serves the workers' rendezvous store: worker (rank 0's command, on a port its launcher "
-      "holds for it; any torch) | launcher (rank 0's launcher, torchrun's agent store; the command's "
-      "torch must be the version mpiddp was built with)")(
-      "print-env", po::bool_switch(&print_env), "print what each rank's command gets (rank 0, in rank order)");
+  LaunchConfig c;
+  const auto options = describe("launch options", launch_options(), c);
   std::set<std::string> taking_values;
   for (const auto& o : options.options()) {
     if (o->semantic()->max_tokens() > 0) taking_values.insert("--" + o->long_name());
@@ -152,8 +170,8 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
   po::variables_map vm;
   auto parse = [&] {
     vm = parse_options(options, split.options);
-    MPIDDP_CHECK(store_host == "worker" || store_host == "launcher",
-                 "unknown --store '" + store_host + "' (worker, launcher)");
+    MPIDDP_CHECK(c.store_host == "worker" || c.store_host == "launcher",
+                 "unknown --store '" + c.store_host + "' (worker, launcher)");
     MPIDDP_CHECK(vm.count("help") || !split.command.empty(),
                  "no command to run (usage: mpirun -np N mpiddp launch [options] -- COMMAND [ARGS...])");
   };
@@ -164,26 +182,30 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
   }
 
   // Collective set-up: the store's port, the address the workers dial, the run's name.
-  const StoreHost host = store_host == "launcher" ? StoreHost::kLauncher : StoreHost::kWorker;
+  const StoreHost host = c.store_host == "launcher" ? StoreHost::kLauncher : StoreHost::kWorker;
   detail::ServedStore store;
   std::unique_ptr<ReservedPort> reserved;
   if (host == StoreHost::kLauncher) {
     // serve_store throws on every rank alike after its broadcast: no rank is left in a collective.
-    if (auto code = agree_on_local_phase(runtime, "launch", [&] {
-          store = detail::serve_store(runtime, "127.0.0.1", runtime.size(), kStoreTimeout, "mpiddp launch");
-        }, kExitFailure)) {
+    if (auto code = agree_on_local_phase(
+            runtime, "launch",
+            [&] { store = detail::serve_store(runtime, "127.0.0.1", runtime.size(), kStoreTimeout, "mpiddp launch"); },
+            kExitFailure)) {
       return *code;
     }
   } else {
-    if (auto code = agree_on_local_phase(runtime, "launch", [&] {
-          if (runtime.rank() == 0) reserved = std::make_unique<ReservedPort>();
-        }, kExitFailure)) {
+    if (auto code = agree_on_local_phase(
+            runtime, "launch",
+            [&] {
+              if (runtime.rank() == 0) reserved = std::make_unique<ReservedPort>();
+            },
+            kExitFailure)) {
       return *code;
     }
     store.port = reserved ? reserved->port() : 0;
     store.port = static_cast<int>(broadcast_int64(runtime.world(), store.port));
   }
-  const auto [master_addr, gloo_interface] = master_address(runtime, given_addr);
+  const auto [master_addr, gloo_interface] = master_address(runtime, c.master_addr);
   const WorkerContract contract{runtime.topology(), master_addr, store.port, run_id(runtime), host};
   const EnvPairs set = torchrun_environment(contract);
   // USE_LIBUV=0: torch 2.x's env:// store asks for its libuv backend unless told otherwise, and fails
@@ -192,7 +214,7 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
                        {"USE_LIBUV", "0"}};
   if (!gloo_interface.empty()) defaults.emplace_back("GLOO_SOCKET_IFNAME", gloo_interface);
   const auto env = worker_environment(own_environment(), set, defaults);
-  if (print_env) {
+  if (c.print_env) {
     EnvPairs shown = set;
     shown.insert(shown.end(), defaults.begin(), defaults.end());
     print_contracts(runtime, env, shown);
@@ -203,7 +225,8 @@ int run_launch(Runtime& runtime, const std::vector<std::string>& args) {
     child = std::make_unique<detail::ChildProcess>(split.command, env);
     child->forward_signals();
   };
-  if (auto code = agree_on_local_phase(runtime, "launch", start, kExitCannotRun)) return *code;  // ~child ends any started
+  if (auto code = agree_on_local_phase(runtime, "launch", start, kExitCannotRun))
+    return *code;  // ~child ends any started
 
   const detail::ChildExit end = child->wait();
   if (end.ok()) {

@@ -1,15 +1,16 @@
 // mpiddp: one executable, several subcommands. MPI is initialised once here; each subcommand
 // receives the Runtime and its own arguments.
 #include <mpiddp/allocator.hpp>
-#include <mpiddp/process_group.hpp>
+#include <mpiddp/backends.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <algorithm>
 #include <iostream>
-#include <thread>
 #include <memory>
+#include <thread>
 
 #include "app/cli.hpp"
 
@@ -19,7 +20,7 @@ const std::vector<mpiddp::app::Command>& commands() {
   static const std::vector<mpiddp::app::Command> list = {
       {"info", "ranks, hostnames, devices, NCCL variables, library versions and a collective sanity check",
        mpiddp::app::run_info},
-      {"bench", "collective time and bandwidth per size, nccl-tests style (mpi, nccl, gloo)",
+      {"bench", "collective time and bandwidth per size, nccl-tests style (" + mpiddp::backend_names(", ") + ")",
        mpiddp::app::run_bench},
       {"train", "data-parallel training of a built-in model or a TorchScript file (HDF5 sets, token shards)",
        mpiddp::app::run_train},
@@ -27,7 +28,8 @@ const std::vector<mpiddp::app::Command>& commands() {
       {"generate", "continue a prompt with a built-in GPT's snapshot (nanoGPT's sampling)", mpiddp::app::run_generate},
       {"launch", "run a torchrun-style command (a Python script) on every rank, its environment from MPI",
        mpiddp::app::run_launch},
-      {"data", "write datasets: mpiddp's HDF5 layout (fashion-mnist, mnist, synthetic), llm.c token shards (text)", mpiddp::app::run_data},
+      {"data", "write datasets: mpiddp's HDF5 layout (fashion-mnist, mnist, synthetic), llm.c token shards (text)",
+       mpiddp::app::run_data},
   };
   return list;
 }
@@ -37,7 +39,8 @@ std::string usage() {
       "usage: mpiddp <command> [options]        (under mpirun, srun or alone as one rank)\n\ncommands:\n";
   size_t width = 0;
   for (const auto& c : commands()) width = std::max(width, c.name.size());
-  for (const auto& c : commands()) text += "  " + c.name + std::string(width + 2 - c.name.size(), ' ') + c.summary + "\n";
+  for (const auto& c : commands())
+    text += "  " + c.name + std::string(width + 2 - c.name.size(), ' ') + c.summary + "\n";
   text += "\n`mpiddp <command> --help` lists a command's options; `mpiddp --version` prints the version.\n";
   return text;
 }

@@ -23,7 +23,9 @@
 
 #include "app/cli.hpp"
 #include "app/option_table.hpp"
+#include "log/progress_log.hpp"
 #include "models/hf_gpt2.hpp"
+#include "zero/model_sharding.hpp"
 
 namespace mpiddp::app {
 
@@ -51,36 +53,51 @@ using Row = OptionRow<TrainConfig>;
 std::vector<Row> model_options() {
   using C = TrainConfig;
   return {
-      option<C>("config", [](C& c) -> auto& { return c.config_file; }, "read options from this file (name = value lines)",
-                kNoDefault, std::vector<std::string>{}),
-      option<C>("model", [](C& c) -> auto& { return c.model; },
-                "linear | mlp | cnn (PyTorch's MNIST example net) | gpt (nanoGPT's GPT; token data) | FILE.pt (a "
-                "TorchScript module saved from Python)"),
-      option<C>("loss", [](C& c) -> auto& { return c.loss; },
-                "auto (cross-entropy for class labels and tokens, mse for regression) | cross-entropy | mse | model (a "
-                "TorchScript forward(inputs, targets) returns (outputs, loss), as nanoGPT's GPT)"),
-      option<C>("data", [](C& c) -> auto& { return c.t.data; },
-                "training set: an HDF5 file (see `mpiddp data`) or token shards (llm.c's .bin; names and globs, "
-                "comma-separated)", kNoDefault),
-      option<C>("test-data", [](C& c) -> auto& { return c.t.test_data; },
-                "test set, evaluated after each epoch and at the run's end", kNoDefault),
-      option<C>("data-format", [](C& c) -> auto& { return c.t.data_format; },
-                "auto (HDF5 for .h5/.hdf5, else llm.c token shards) | hdf5 | llmc | raw-uint16 (nanoGPT's headerless "
-                "train.bin)"),
-      option<C>("block-size", [](C& c) -> auto& { return c.gpt.block_size; },
-                "token data: tokens per sample (windows of T+1 at stride T); gpt: the context length"),
-      option<C>("vocab-size", [](C& c) -> auto& { return c.gpt.vocab_size; },
-                "gpt: vocabulary (every token must be below it)"),
-      option<C>("n-layer", [](C& c) -> auto& { return c.gpt.n_layer; }, "gpt: transformer blocks"),
-      option<C>("n-head", [](C& c) -> auto& { return c.gpt.n_head; }, "gpt: attention heads"),
-      option<C>("n-embd", [](C& c) -> auto& { return c.gpt.n_embd; }, "gpt: width"),
-      option<C>("dropout", [](C& c) -> auto& { return c.gpt.dropout; }, "gpt: dropout", shown_as("0")),
-      option<C>("bias", [](C& c) -> auto& { return c.gpt.bias; },
-                "gpt: biases in Linears and LayerNorms (true | false)", shown_as("true")),
-      option<C>("init-from", [](C& c) -> auto& { return c.init_from; },
-                "start from this state_dict (torch.save(model.state_dict()) or `mpiddp export`) instead of a fresh model; "
-                "gpt: or from a Hugging Face GPT-2 directory (config.json + model.safetensors), whose shape is the GPT's",
-                kNoDefault),
+      option<C>(
+          "config", [](C & c) -> auto& { return c.config_file; }, "read options from this file (name = value lines)",
+          kNoDefault, std::vector<std::string>{}),
+      option<C>(
+          "model", [](C & c) -> auto& { return c.model; },
+          "linear | mlp | cnn (PyTorch's MNIST example net) | gpt (nanoGPT's GPT; token data) | FILE.pt (a "
+          "TorchScript module saved from Python)"),
+      option<C>(
+          "loss", [](C & c) -> auto& { return c.loss; },
+          "auto (cross-entropy for class labels and tokens, mse for regression) | cross-entropy | mse | model (a "
+          "TorchScript forward(inputs, targets) returns (outputs, loss), as nanoGPT's GPT)"),
+      option<C>(
+          "data", [](C & c) -> auto& { return c.t.data; },
+          "training set: an HDF5 file (see `mpiddp data`) or token shards (llm.c's .bin; names and globs, "
+          "comma-separated)",
+          kNoDefault),
+      option<C>(
+          "test-data", [](C & c) -> auto& { return c.t.test_data; },
+          "test set, evaluated after each epoch and at the run's end", kNoDefault),
+      option<C>(
+          "data-format", [](C & c) -> auto& { return c.t.data_format; },
+          "auto (HDF5 for .h5/.hdf5, else llm.c token shards) | hdf5 | llmc | raw-uint16 (nanoGPT's headerless "
+          "train.bin)"),
+      option<C>(
+          "block-size", [](C & c) -> auto& { return c.gpt.block_size; },
+          "token data: tokens per sample (windows of T+1 at stride T); gpt: the context length"),
+      option<C>(
+          "vocab-size", [](C & c) -> auto& { return c.gpt.vocab_size; },
+          "gpt: vocabulary (every token must be below it)"),
+      option<C>(
+          "n-layer", [](C & c) -> auto& { return c.gpt.n_layer; }, "gpt: transformer blocks"),
+      option<C>(
+          "n-head", [](C & c) -> auto& { return c.gpt.n_head; }, "gpt: attention heads"),
+      option<C>(
+          "n-embd", [](C & c) -> auto& { return c.gpt.n_embd; }, "gpt: width"),
+      option<C>(
+          "dropout", [](C & c) -> auto& { return c.gpt.dropout; }, "gpt: dropout", shown_as("0")),
+      option<C>(
+          "bias", [](C & c) -> auto& { return c.gpt.bias; }, "gpt: biases in Linears and LayerNorms (true | false)",
+          shown_as("true")),
+      option<C>(
+          "init-from", [](C & c) -> auto& { return c.init_from; },
+          "start from this state_dict (torch.save(model.state_dict()) or `mpiddp export`) instead of a fresh model; "
+          "gpt: or from a Hugging Face GPT-2 directory (config.json + model.safetensors), whose shape is the GPT's",
+          kNoDefault),
   };
 }
 
@@ -88,51 +105,73 @@ std::vector<Row> model_options() {
 std::vector<Row> step_options() {
   using C = TrainConfig;
   return {
-      option<C>("grad-accum", [](C& c) -> auto& { return c.t.grad_accum; },
-                "micro-batches per optimizer step (each loss / K; gradients reduced only in the last)"),
-      option<C>("zero-stage", [](C& c) -> auto& { return c.t.zero_stage; },
-                "0 (DDP) | 1 (ZeRO: each rank keeps 1/N of the optimizer state) | 2 (and 1/N of the gradients) | 3 "
-                "(and 1/N of the parameters of the model's units: gpt blocks, mlp and cnn layers)"),
-      flag_switch<C>("zero-no-prefetch", [](C& c) -> auto& { return c.zero_no_prefetch; },
-                     "ZeRO stage 3: gather each unit only when it runs (no all-gather in flight beside compute)",
-                     "zero_prefetch", [](bool on) { return nlohmann::json(!on); }),
-      flag_switch<C>("zero-keep-gathered", [](C& c) -> auto& { return c.zero_keep_gathered; },
-                     "ZeRO stage 3: keep each unit gathered from its forward to its backward (one all-gather less "
-                     "per unit, more memory)",
-                     "zero_reshard_after_forward", [](bool on) { return nlohmann::json(!on); }),
-      flag_switch<C>("dry-run", [](C& c) -> auto& { return c.dry_run; },
-                     "check the options, data and model, print the memory plan per rank and exit without training",
-                     "dry_run", [](bool on) { return nlohmann::json(on); }),
-      flag_switch<C>("activation-checkpointing", [](C& c) -> auto& { return c.t.activation_checkpointing; },
-                     "recompute each block's activations in backward instead of keeping them (gpt: per "
-                     "transformer block; about a third more compute, the same results)",
-                     "activation_checkpointing", [](bool on) { return nlohmann::json(on); }),
-      option<C>("epochs", [](C& c) -> auto& { return c.t.epochs; }, "passes over the training set (0: as many as --max-steps takes, else 1)"),
-      option<C>("max-steps", [](C& c) -> auto& { return c.t.max_steps; },
-                "stop after this many steps in all (0: no cap)"),
-      option<C>("batch-size", [](C& c) -> auto& { return c.t.batch_size; }, "samples per rank per step"),
-      option<C>("lr", [](C& c) -> auto& { return c.lr; },
-                "learning rate (auto: 0.001 for adam and adamw, 0.01 for sgd)", shown_as("auto")),
-      option<C>("optimizer", [](C& c) -> auto& { return c.optimizer; },
-                "adam (the default: good results without tuning) | adamw | sgd"),
-      option<C>("momentum", [](C& c) -> auto& { return c.momentum; }, "sgd momentum"),
-      option<C>("weight-decay", [](C& c) -> auto& { return c.weight_decay; }, "weight decay"),
-      option<C>("weight-decay-params", [](C& c) -> auto& { return c.decay_params; },
-                "all | matrices (nanoGPT's groups: only tensors of 2+ dimensions decay)"),
-      option<C>("betas", [](C& c) -> auto& { return c.betas; }, "adam/adamw: B1,B2"),
-      option<C>("min-lr", [](C& c) -> auto& { return c.min_lr; }, "cosine schedule: the rate it decays to",
-                shown_as("0")),
-      option<C>("lr-schedule", [](C& c) -> auto& { return c.schedule; }, "none | step | cosine"),
-      option<C>("step-size", [](C& c) -> auto& { return c.step_size; }, "step schedule: epochs between decays"),
-      option<C>("gamma", [](C& c) -> auto& { return c.gamma; }, "step schedule: decay factor"),
-      option<C>("warmup-steps", [](C& c) -> auto& { return c.warmup_steps; },
-                "linear warmup over this many steps (cosine: nanoGPT's get_lr, (step+1)/(N+1) then decay to --min-lr)"),
-      option<C>("seed", [](C& c) -> auto& { return c.t.seed; }, "seed of the initial model and the sampler's shuffle"),
-      flag_switch<C>("no-shuffle", [](C& c) -> auto& { return c.no_shuffle; }, "keep the dataset's order", "shuffle",
-                     [](bool on) { return nlohmann::json(!on); }),
-      flag_switch<C>("drop-last", [](C& c) -> auto& { return c.drop_last; },
-                     "drop the tail instead of padding shards to equal length", "drop_last",
-                     [](bool on) { return nlohmann::json(on); }),
+      option<C>(
+          "grad-accum", [](C & c) -> auto& { return c.t.grad_accum; },
+          "micro-batches per optimizer step (each loss / K; gradients reduced only in the last)"),
+      option<C>(
+          "zero-stage", [](C & c) -> auto& { return c.t.zero_stage; },
+          "0 (DDP) | 1 (ZeRO: each rank keeps 1/N of the optimizer state) | 2 (and 1/N of the gradients) | 3 "
+          "(and 1/N of the parameters of the model's units: gpt blocks, mlp and cnn layers)"),
+      flag_switch<C>(
+          "zero-no-prefetch", [](C & c) -> auto& { return c.zero_no_prefetch; },
+          "ZeRO stage 3: gather each unit only when it runs (no all-gather in flight beside compute)", "zero_prefetch",
+          [](bool on) { return nlohmann::json(!on); }),
+      flag_switch<C>(
+          "zero-keep-gathered", [](C & c) -> auto& { return c.zero_keep_gathered; },
+          "ZeRO stage 3: keep each unit gathered from its forward to its backward (one all-gather less "
+          "per unit, more memory)",
+          "zero_reshard_after_forward", [](bool on) { return nlohmann::json(!on); }),
+      flag_switch<C>(
+          "dry-run", [](C & c) -> auto& { return c.dry_run; },
+          "check the options, data and model, print the memory plan per rank and exit without training", "dry_run",
+          [](bool on) { return nlohmann::json(on); }),
+      flag_switch<C>(
+          "activation-checkpointing", [](C & c) -> auto& { return c.t.activation_checkpointing; },
+          "recompute each block's activations in backward instead of keeping them (gpt: per "
+          "transformer block; about a third more compute, the same results)",
+          "activation_checkpointing", [](bool on) { return nlohmann::json(on); }),
+      option<C>(
+          "epochs", [](C & c) -> auto& { return c.t.epochs; },
+          "passes over the training set (0: as many as --max-steps takes, else 1)"),
+      option<C>(
+          "max-steps", [](C & c) -> auto& { return c.t.max_steps; }, "stop after this many steps in all (0: no cap)"),
+      option<C>(
+          "batch-size", [](C & c) -> auto& { return c.t.batch_size; }, "samples per rank per step"),
+      option<C>(
+          "lr", [](C & c) -> auto& { return c.lr; }, "learning rate (auto: 0.001 for adam and adamw, 0.01 for sgd)",
+          shown_as("auto")),
+      option<C>(
+          "optimizer", [](C & c) -> auto& { return c.optimizer; },
+          "adam (the default: good results without tuning) | adamw | sgd"),
+      option<C>(
+          "momentum", [](C & c) -> auto& { return c.momentum; }, "sgd momentum"),
+      option<C>(
+          "weight-decay", [](C & c) -> auto& { return c.weight_decay; }, "weight decay"),
+      option<C>(
+          "weight-decay-params", [](C & c) -> auto& { return c.decay_params; },
+          "all | matrices (nanoGPT's groups: only tensors of 2+ dimensions decay)"),
+      option<C>(
+          "betas", [](C & c) -> auto& { return c.betas; }, "adam/adamw: B1,B2"),
+      option<C>(
+          "min-lr", [](C & c) -> auto& { return c.min_lr; }, "cosine schedule: the rate it decays to", shown_as("0")),
+      option<C>(
+          "lr-schedule", [](C & c) -> auto& { return c.schedule; }, "none | step | cosine"),
+      option<C>(
+          "step-size", [](C & c) -> auto& { return c.step_size; }, "step schedule: epochs between decays"),
+      option<C>(
+          "gamma", [](C & c) -> auto& { return c.gamma; }, "step schedule: decay factor"),
+      option<C>(
+          "warmup-steps", [](C & c) -> auto& { return c.warmup_steps; },
+          "linear warmup over this many steps (cosine: nanoGPT's get_lr, (step+1)/(N+1) then decay to --min-lr)"),
+      option<C>(
+          "seed", [](C & c) -> auto& { return c.t.seed; }, "seed of the initial model and the sampler's shuffle"),
+      flag_switch<C>(
+          "no-shuffle", [](C & c) -> auto& { return c.no_shuffle; }, "keep the dataset's order", "shuffle",
+          [](bool on) { return nlohmann::json(!on); }),
+      flag_switch<C>(
+          "drop-last", [](C & c) -> auto& { return c.drop_last; },
+          "drop the tail instead of padding shards to equal length", "drop_last",
+          [](bool on) { return nlohmann::json(on); }),
   };
 }
 
@@ -140,68 +179,98 @@ std::vector<Row> step_options() {
 std::vector<Row> run_options() {
   using C = TrainConfig;
   return {
-      option<C>("device", [](C& c) -> auto& { return c.device; }, "cpu | cuda"),
-      option<C>("backend", [](C& c) -> auto& { return c.backend; }, "mpi | nccl | gloo"),
-      flag_switch<C>("deterministic", [](C& c) -> auto& { return c.deterministic; },
-                     "cuda: deterministic kernels (cuDNN's deterministic algorithms, PyTorch's deterministic "
-                     "mode), so that a run repeats bitwise and a resumed run ends where the whole run ends; "
-                     "somewhat slower (CPU kernels are deterministic already)",
-                     "deterministic", [](bool on) { return nlohmann::json(on); }),
-      option<C>("threads", [](C& c) -> auto& { return c.threads; },
-                "intra-op threads per rank (0: the cores each rank owns)"),
-      option<C>("metrics", [](C& c) -> auto& { return c.t.metrics_path; },
-                "append JSON lines to this file (rank 0): one per epoch (\"kind\": \"epoch\") and one per progress "
-                "line (\"kind\": \"log\")", kNoDefault),
-      option<C>("tensorboard", [](C& c) -> auto& { return c.t.tensorboard_dir; },
-                "write TensorBoard event files to this directory (rank 0): train/* scalars per progress line, epoch/* "
-                "per epoch, the options as text", kNoDefault),
-      option<C>("flops-per-sample", [](C& c) -> auto& { return c.t.flops_per_sample; },
-                "model FLOPs of one sample's forward and backward, for FLOP/s and MFU (default: the built-in GPT's "
-                "own; other models: none)", shown_as("0")),
-      option<C>("cache-mb", [](C& c) -> auto& { return c.cache_mb; },
-                "read a dataset into memory once when it is at most this size (MiB; 0: read every batch from the "
-                "file)", {}, std::vector<std::string>{"cache_bytes"}),
-      option<C>("prefetch", [](C& c) -> auto& { return c.t.prefetch_batches; },
-                "batches a reader thread prepares ahead of the step (0: read on the training thread; uncached data "
-                "with a parallel HDF5 is then read by one collective MPI-IO read per step)", {},
-                std::vector<std::string>{"prefetch_batches"}),
-      option<C>("bucket-cap-mb", [](C& c) -> auto& { return c.bucket_mb; }, "DDP bucket cap (MiB); 0: 25, under ZeRO the gradient's size / 16 from 1 to 25"),
-      option<C>("first-bucket-cap-mb", [](C& c) -> auto& { return c.first_bucket_mb; }, "DDP first bucket cap (MiB)"),
-      option<C>("compression", [](C& c) -> auto& { return c.compression; }, "gradients on the wire: none | bf16 | fp16"),
-      option<C>("timeline", [](C& c) -> auto& { return c.timeline; },
-                "per-rank Chrome trace of DDP (FILE -> FILE.rank<r>.json)", kNoDefault),
-      option<C>("profile", [](C& c) -> auto& { return c.t.profile_path; },
-                "PyTorch's profiler over --profile-steps steps: a per-rank Chrome trace of operators and, on CUDA, "
-                "kernels with their GPU time (FILE -> FILE.rank<r>.json)",
-                kNoDefault, std::vector<std::string>{"profile_path"}),
-      option<C>("profile-from", [](C& c) -> auto& { return c.t.profile_first_step; },
-                "--profile starts after this many global steps", {}, std::vector<std::string>{"profile_first_step"}),
-      option<C>("profile-steps", [](C& c) -> auto& { return c.t.profile_steps; }, "steps --profile records", {},
-                std::vector<std::string>{"profile_steps"}),
-      option<C>("snapshot-dir", [](C& c) -> auto& { return c.t.snapshot_dir; },
-                "write snapshots here (rank 0; HDF5, latest.h5 names the newest)", kNoDefault),
-      option<C>("save-every", [](C& c) -> auto& { return c.t.save_every; },
-                "snapshot every N epochs (0: only at the end)"),
-      option<C>("save-every-steps", [](C& c) -> auto& { return c.t.save_every_steps; },
-                "also snapshot every N steps (0: off)"),
-      option<C>("keep", [](C& c) -> auto& { return c.t.keep; }, "snapshots kept in --snapshot-dir (0: all)"),
-      option<C>("resume", [](C& c) -> auto& { return c.t.resume; },
-                "auto (newest valid snapshot in --snapshot-dir, if any) | never | a snapshot file"),
-      option<C>("on-nan", [](C& c) -> auto& { return c.on_nan; },
-                "NaN/Inf loss: stop (an error naming the step) | skip (drop that step's update)"),
-      option<C>("log-every", [](C& c) -> auto& { return c.log_every; },
-                "progress lines within an epoch (rank 0): auto (every tenth of an epoch or 30 s, whichever first, "
-                "at least 2 s apart) | N (every N steps) | Ns (every N seconds) | 0 (none)", {},
-                std::vector<std::string>{"log_every_steps", "log_every_seconds", "log_min_gap_seconds"}),
-      option<C>("precision", [](C& c) -> auto& { return c.precision; },
-                "fp32 | bf16 (autocast: CPU and CUDA) | fp16 (autocast + dynamic loss scaling: CUDA; CPU with "
-                "libtorch 2.x)"),
-      option<C>("loss-scale", [](C& c) -> auto& { return c.t.loss_scaling.init_scale; },
-                "fp16: the initial loss scale (halved on a step with Inf/NaN gradients, doubled after 2000 good "
-                "steps)", shown_as("65536"), std::vector<std::string>{"loss_scaling.init_scale"}),
-      option<C>("clip-grad-norm", [](C& c) -> auto& { return c.t.clip_grad_norm; },
-                "scale the averaged gradients to a global L2 norm of at most X before each update (0: off)",
-                shown_as("0")),
+      option<C>(
+          "device", [](C & c) -> auto& { return c.device; }, "cpu | cuda"),
+      option<C>(
+          "backend", [](C & c) -> auto& { return c.backend; }, backend_names(" | ")),
+      flag_switch<C>(
+          "deterministic", [](C & c) -> auto& { return c.deterministic; },
+          "cuda: deterministic kernels (cuDNN's deterministic algorithms, PyTorch's deterministic "
+          "mode), so that a run repeats bitwise and a resumed run ends where the whole run ends; "
+          "somewhat slower (CPU kernels are deterministic already)",
+          "deterministic", [](bool on) { return nlohmann::json(on); }),
+      option<C>(
+          "threads", [](C & c) -> auto& { return c.threads; },
+          "intra-op threads per rank (0: the cores each rank owns)"),
+      option<C>(
+          "metrics", [](C & c) -> auto& { return c.t.metrics_path; },
+          "append JSON lines to this file (rank 0): one per epoch (\"kind\": \"epoch\") and one per progress "
+          "line (\"kind\": \"log\")",
+          kNoDefault),
+      option<C>(
+          "tensorboard", [](C & c) -> auto& { return c.t.tensorboard_dir; },
+          "write TensorBoard event files to this directory (rank 0): train/* scalars per progress line, epoch/* "
+          "per epoch, the options as text",
+          kNoDefault),
+      option<C>(
+          "flops-per-sample", [](C & c) -> auto& { return c.t.flops_per_sample; },
+          "model FLOPs of one sample's forward and backward, for FLOP/s and MFU (default: the built-in GPT's "
+          "own; other models: none)",
+          shown_as("0")),
+      option<C>(
+          "cache-mb", [](C & c) -> auto& { return c.cache_mb; },
+          "read a dataset into memory once when it is at most this size (MiB; 0: read every batch from the "
+          "file)",
+          {}, std::vector<std::string>{"cache_bytes"}),
+      option<C>(
+          "prefetch", [](C & c) -> auto& { return c.t.prefetch_batches; },
+          "batches a reader thread prepares ahead of the step (0: read on the training thread; uncached data "
+          "with a parallel HDF5 is then read by one collective MPI-IO read per step)",
+          {}, std::vector<std::string>{"prefetch_batches"}),
+      option<C>(
+          "bucket-cap-mb", [](C & c) -> auto& { return c.bucket_mb; },
+          "DDP bucket cap (MiB); 0: 25, under ZeRO the gradient's size / 16 from 1 to 25"),
+      option<C>(
+          "first-bucket-cap-mb", [](C & c) -> auto& { return c.first_bucket_mb; }, "DDP first bucket cap (MiB)"),
+      option<C>(
+          "compression", [](C & c) -> auto& { return c.compression; }, "gradients on the wire: none | bf16 | fp16"),
+      option<C>(
+          "timeline", [](C & c) -> auto& { return c.timeline; },
+          "per-rank Chrome trace of DDP (FILE -> FILE.rank<r>.json)", kNoDefault),
+      option<C>(
+          "profile", [](C & c) -> auto& { return c.t.profile_path; },
+          "PyTorch's profiler over --profile-steps steps: a per-rank Chrome trace of operators and, on CUDA, "
+          "kernels with their GPU time (FILE -> FILE.rank<r>.json)",
+          kNoDefault, std::vector<std::string>{"profile_path"}),
+      option<C>(
+          "profile-from", [](C & c) -> auto& { return c.t.profile_first_step; },
+          "--profile starts after this many global steps", {}, std::vector<std::string>{"profile_first_step"}),
+      option<C>(
+          "profile-steps", [](C & c) -> auto& { return c.t.profile_steps; }, "steps --profile records", {},
+          std::vector<std::string>{"profile_steps"}),
+      option<C>(
+          "snapshot-dir", [](C & c) -> auto& { return c.t.snapshot_dir; },
+          "write snapshots here (rank 0; HDF5, latest.h5 names the newest)", kNoDefault),
+      option<C>(
+          "save-every", [](C & c) -> auto& { return c.t.save_every; }, "snapshot every N epochs (0: only at the end)"),
+      option<C>(
+          "save-every-steps", [](C & c) -> auto& { return c.t.save_every_steps; },
+          "also snapshot every N steps (0: off)"),
+      option<C>(
+          "keep", [](C & c) -> auto& { return c.t.keep; }, "snapshots kept in --snapshot-dir (0: all)"),
+      option<C>(
+          "resume", [](C & c) -> auto& { return c.t.resume; },
+          "auto (newest valid snapshot in --snapshot-dir, if any) | never | a snapshot file"),
+      option<C>(
+          "on-nan", [](C & c) -> auto& { return c.on_nan; },
+          "NaN/Inf loss: stop (an error naming the step) | skip (drop that step's update)"),
+      option<C>(
+          "log-every", [](C & c) -> auto& { return c.log_every; },
+          "progress lines within an epoch (rank 0): auto (every tenth of an epoch or 30 s, whichever first, "
+          "at least 2 s apart) | N (every N steps) | Ns (every N seconds) | 0 (none)",
+          {}, std::vector<std::string>{"log_every_steps", "log_every_seconds", "log_min_gap_seconds"}),
+      option<C>(
+          "precision", [](C & c) -> auto& { return c.precision; },
+          "fp32 | bf16 (autocast: CPU and CUDA) | fp16 (autocast + dynamic loss scaling: CUDA; CPU with "
+          "libtorch 2.x)"),
+      option<C>(
+          "loss-scale", [](C & c) -> auto& { return c.t.loss_scaling.init_scale; },
+          "fp16: the initial loss scale (halved on a step with Inf/NaN gradients, doubled after 2000 good "
+          "steps)",
+          shown_as("65536"), std::vector<std::string>{"loss_scaling.init_scale"}),
+      option<C>(
+          "clip-grad-norm", [](C & c) -> auto& { return c.t.clip_grad_norm; },
+          "scale the averaged gradients to a global L2 norm of at most X before each update (0: off)", shown_as("0")),
   };
 }
 
@@ -227,7 +296,8 @@ std::string flag_of(const std::string& field) {
 // "B1,B2" as Adam's betas.
 std::tuple<double, double> betas_of(const std::string& text) {
   std::smatch m;
-  static const std::regex kPair(R"(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*,\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*)");
+  static const std::regex kPair(
+      R"(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*,\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*)");
   MPIDDP_CHECK(std::regex_match(text, m, kPair), "--betas takes two numbers B1,B2 (e.g. 0.9,0.95), got '" + text + "'");
   const double b1 = std::stod(m[1]), b2 = std::stod(m[2]);
   MPIDDP_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "--betas must each be in [0, 1), got '" + text + "'");
@@ -265,7 +335,8 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.on_nan == "stop" || c.on_nan == "skip", "unknown --on-nan '" + c.on_nan + "' (stop, skip)");
   MPIDDP_CHECK(std::regex_match(c.log_every, std::regex(R"(auto|[0-9]+|[0-9]+(\.[0-9]+)?s)")),
                "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '" + c.log_every + "'");
-  MPIDDP_CHECK(c.bucket_mb >= 0 && c.first_bucket_mb > 0, "--bucket-cap-mb must be >= 0 (0: the rule) and --first-bucket-cap-mb > 0");
+  MPIDDP_CHECK(c.bucket_mb >= 0 && c.first_bucket_mb > 0,
+               "--bucket-cap-mb must be >= 0 (0: the rule) and --first-bucket-cap-mb > 0");
   MPIDDP_CHECK(c.compression == "none" || c.compression == "bf16" || c.compression == "fp16",
                "unknown --compression '" + c.compression + "' (none, bf16, fp16)");
 }
@@ -312,13 +383,16 @@ void take_hf_gpt2_shape(TrainConfig& c, const po::variables_map& vm) {
     MPIDDP_THROW("--init-from: " + e.message());
   }
   const std::vector<std::tuple<std::string, nlohmann::json, nlohmann::json>> shape = {
-      {"block-size", c.gpt.block_size, hf.block_size}, {"vocab-size", c.gpt.vocab_size, hf.vocab_size},
-      {"n-layer", c.gpt.n_layer, hf.n_layer},          {"n-head", c.gpt.n_head, hf.n_head},
-      {"n-embd", c.gpt.n_embd, hf.n_embd},             {"bias", c.gpt.bias, hf.bias}};
+      {"block-size", c.gpt.block_size, hf.block_size},
+      {"vocab-size", c.gpt.vocab_size, hf.vocab_size},
+      {"n-layer", c.gpt.n_layer, hf.n_layer},
+      {"n-head", c.gpt.n_head, hf.n_head},
+      {"n-embd", c.gpt.n_embd, hf.n_embd},
+      {"bias", c.gpt.bias, hf.bias}};
   for (const auto& [flag, given, theirs] : shape) {
     MPIDDP_CHECK(vm[flag].defaulted() || given == theirs,
-                 "--" + flag + " " + given.dump() + " disagrees with " + c.init_from + "/config.json (" + theirs.dump() +
-                     "): the checkpoint's shape is the GPT's, leave the flag out");
+                 "--" + flag + " " + given.dump() + " disagrees with " + c.init_from + "/config.json (" +
+                     theirs.dump() + "): the checkpoint's shape is the GPT's, leave the flag out");
   }
   hf.dropout = c.gpt.dropout;
   c.gpt = hf;
@@ -376,16 +450,17 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, int threads, Runtime& runtime, ProcessGroup& pg) {
   torch::set_num_threads(threads);
   if (c.deterministic) use_deterministic_kernels();
-  torch::manual_seed(c.t.seed);  // the same initial model on every rank (DDP, or stage 3's ZeRO, broadcasts rank 0's anyway)
+  torch::manual_seed(
+      c.t.seed);  // the same initial model on every rank (DDP, or stage 3's ZeRO, broadcasts rank 0's anyway)
   const auto make = [&c](const DatasetInfo& data) {
     // ZeRO stage 3 initialises a deferred model unit by unit: it is never whole on a rank (a
     // state_dict to start from is read whole, so that one is made whole).
-    const bool defer = c.t.zero_stage == 3 && c.init_from.empty();
+    const bool defer = detail::shards_units(c.t.zero_stage) && c.init_from.empty();
     auto model = make_model(c.model, data, c.gpt, defer ? ParameterInit::kDeferred : ParameterInit::kNow);
     if (!c.init_from.empty()) {
       try {
-        load_named(*model, is_hf_dir(c.init_from) ? read_hf_gpt2_state(c.init_from, c.gpt)
-                                                  : read_state_dict(c.init_from));
+        load_named(*model,
+                   is_hf_dir(c.init_from) ? read_hf_gpt2_state(c.init_from, c.gpt) : read_state_dict(c.init_from));
       } catch (const Error& e) {
         MPIDDP_THROW("--init-from '" + c.init_from + "': " + e.message());
       }
@@ -398,26 +473,17 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, int threads, Runtime
 void print_start(Trainer& trainer, const TrainConfig& c, int threads, const Runtime& runtime) {
   int64_t params = 0;
   for (const auto& p : parameters(trainer.model())) params += p.numel();  // a tied weight once
-  std::printf("mpiddp train: model %s (%lld parameters), %d rank(s) x batch %lld, %d thread(s) per rank, backend %s, device %s\n",
-              trainer.model().description().c_str(), static_cast<long long>(params),
-              runtime.size(), static_cast<long long>(c.t.batch_size), threads, c.backend.c_str(), c.device.c_str());
+  std::printf(
+      "mpiddp train: model %s (%lld parameters), %d rank(s) x batch %lld, %d thread(s) per rank, backend %s, device "
+      "%s\n",
+      trainer.model().description().c_str(), static_cast<long long>(params), runtime.size(),
+      static_cast<long long>(c.t.batch_size), threads, c.backend.c_str(), c.device.c_str());
   std::fflush(stdout);
 }
 
 void print_epoch(const EpochMetrics& m, const std::vector<std::string>& lines) {
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
-  std::printf("epoch %lld: train loss %.4f", static_cast<long long>(m.epoch), m.train_loss);
-  if (m.test_loss >= 0) std::printf(", test loss %.4f", m.test_loss);
-  if (m.test_accuracy >= 0) std::printf(", test accuracy %.2f%%", 100.0 * m.test_accuracy);
-  std::printf(", %.1f samples/s", m.samples_per_s);
-  if (m.tokens_per_s > 0) std::printf(" (%.0f tokens/s)", m.tokens_per_s);
-  std::printf(", %.1f s, lr %.3g", m.seconds, m.lr);
-  if (m.skipped_steps > 0) std::printf(", %lld step(s) skipped (NaN/Inf loss)", static_cast<long long>(m.skipped_steps));
-  if (m.loss_scale > 0) {
-    std::printf(", loss scale %g (%lld step(s) skipped for Inf/NaN gradients)", m.loss_scale,
-                static_cast<long long>(m.overflow_steps));
-  }
-  std::printf("\n");
+  std::printf("%s\n", detail::epoch_line(m).c_str());  // the progress log's text of the epoch's numbers
   std::fflush(stdout);
 }
 

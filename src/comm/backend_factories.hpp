@@ -2,8 +2,8 @@
 // gloo_backend.cpp). Each is compiled only when its library is found.
 #pragma once
 
-#include <mpiddp/process_group.hpp>
 #include <mpiddp/config.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <memory>
 

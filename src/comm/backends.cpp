@@ -10,20 +10,20 @@ namespace mpiddp {
 
 const std::vector<BackendSpec>& backends() {
   static const std::vector<BackendSpec> table = {
-      {"mpi", "MPI: CPU tensors, and CUDA tensors through CUDA-aware MPI or staged through the host", true, true,
-       true, c10::kCPU, detail::make_mpi_group},
+    {"mpi", "MPI: CPU tensors, and CUDA tensors through CUDA-aware MPI or staged through the host", true, true, true,
+     c10::kCPU, detail::make_mpi_group},
 #if MPIDDP_HAS_NCCL
-      {"nccl", "NCCL: CUDA tensors, communicator from rank 0's ncclUniqueId sent by MPI_Bcast", true, false, true,
-       c10::kCUDA, detail::make_nccl_group},
+    {"nccl", "NCCL: CUDA tensors, communicator from rank 0's ncclUniqueId sent by MPI_Bcast", true, false, true,
+     c10::kCUDA, detail::make_nccl_group},
 #else
-      {"nccl", "NCCL: CUDA tensors (not built: needs CUDA and NCCL)", false, false, true, c10::kCUDA, nullptr},
+    {"nccl", "NCCL: CUDA tensors (not built: needs CUDA and NCCL)", false, false, true, c10::kCUDA, nullptr},
 #endif
 #if MPIDDP_HAS_GLOO
-      {"gloo", "libtorch's c10d Gloo: CPU tensors, its store bootstrapped over MPI", true, true, false, c10::kCPU,
-       detail::make_gloo_group},
+    {"gloo", "libtorch's c10d Gloo: CPU tensors, its store bootstrapped over MPI", true, true, false, c10::kCPU,
+     detail::make_gloo_group},
 #else
-      {"gloo", "libtorch's c10d Gloo: CPU tensors (not built: needs libtorch's Gloo headers)", false, true, false,
-       c10::kCPU, nullptr},
+    {"gloo", "libtorch's c10d Gloo: CPU tensors (not built: needs libtorch's Gloo headers)", false, true, false,
+     c10::kCPU, nullptr},
 #endif
   };
   return table;
@@ -44,17 +44,18 @@ std::vector<std::string> available_backends() {
   return names;
 }
 
-namespace {
-std::string built_list() {
-  std::string built;
-  for (const auto& b : available_backends()) built += (built.empty() ? "" : "|") + b;
-  return built;
+std::string backend_names(const std::string& separator, bool built_only) {
+  std::string names;
+  for (const auto& b : backends()) {
+    if (b.built || !built_only) names += (names.empty() ? "" : separator) + b.name;
+  }
+  return names;
 }
-}  // namespace
 
 void check_backend(const std::string& name, c10::Device device, const Runtime& runtime, const std::string& what) {
   const auto* b = find_backend(name);
-  MPIDDP_CHECK(b && b->built, "backend '" + name + "' is not built into this mpiddp (available: " + built_list() + ")");
+  MPIDDP_CHECK(b && b->built,
+               "backend '" + name + "' is not built into this mpiddp (available: " + backend_names("|", true) + ")");
   if (device.is_cuda()) {
     MPIDDP_CHECK(b->takes_cuda, "--backend " + name + " goes with --device cpu");
     MPIDDP_CHECK(torch::cuda::is_available() && runtime.device().is_cuda(),
@@ -67,7 +68,8 @@ void check_backend(const std::string& name, c10::Device device, const Runtime& r
 std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, const Runtime& runtime,
                                                  const CommOptions& options) {
   const auto* b = find_backend(backend);
-  MPIDDP_CHECK(b && b->built, "backend '" + backend + "' is not built into this mpiddp (available: " + built_list() + ")");
+  MPIDDP_CHECK(b && b->built,
+               "backend '" + backend + "' is not built into this mpiddp (available: " + backend_names("|", true) + ")");
   return b->make(runtime, options);
 }
 

@@ -17,9 +17,12 @@ namespace {
 
 c10d::ReduceOp gloo_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
-    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
-    default: return c10d::ReduceOp::SUM;  // avg = sum, then divide (c10d's Gloo has no AVG)
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    default:
+      return c10d::ReduceOp::SUM;  // avg = sum, then divide (c10d's Gloo has no AVG)
   }
 }
 
@@ -143,8 +146,7 @@ class GlooProcessGroup : public ProcessGroup {
     } catch (const c10::Error& e) {
       MPIDDP_THROW("gloo: " + c.describe() + " failed: " + e.what_without_backtrace());
     }
-    return std::make_unique<GlooWork>(c, options().timeout, std::move(work), std::move(keep),
-                                      std::move(finish));
+    return std::make_unique<GlooWork>(c, options().timeout, std::move(work), std::move(keep), std::move(finish));
   }
 
  private:

@@ -15,7 +15,6 @@
 #include "common/check.hpp"
 #include "common/check_cuda.hpp"
 
-
 namespace mpiddp::detail {
 namespace {
 
@@ -157,8 +156,7 @@ class MpiProcessGroup : public ProcessGroup {
       }
       case Collective::kBroadcast: {
         if (!c.in_place && rank() == c.root) c.output.copy_(c.input);
-        MPIDDP_CHECK_MPI(
-            MPI_Ibcast(c.output.data_ptr(), checked_count(c.output.numel()), type, c.root, comm_, &req));
+        MPIDDP_CHECK_MPI(MPI_Ibcast(c.output.data_ptr(), checked_count(c.output.numel()), type, c.root, comm_, &req));
         break;
       }
       case Collective::kAllgather: {
@@ -186,8 +184,7 @@ class MpiProcessGroup : public ProcessGroup {
         const int count = checked_count(c.input.numel() / n);
         torch::Tensor source = c.in_place ? c.input.clone() : c.input;
         keep.push_back(source);
-        MPIDDP_CHECK_MPI(
-            MPI_Ialltoall(source.data_ptr(), count, type, c.output.data_ptr(), count, type, comm_, &req));
+        MPIDDP_CHECK_MPI(MPI_Ialltoall(source.data_ptr(), count, type, c.output.data_ptr(), count, type, comm_, &req));
         break;
       }
       case Collective::kBarrier:
@@ -205,19 +202,26 @@ class MpiProcessGroup : public ProcessGroup {
   }
 
   static int checked_count(int64_t n) {
-    MPIDDP_CHECK(n <= INT_MAX, "mpi backend: " + std::to_string(n) + " elements exceed MPI's int count; split the tensor");
+    MPIDDP_CHECK(n <= INT_MAX,
+                 "mpi backend: " + std::to_string(n) + " elements exceed MPI's int count; split the tensor");
     return static_cast<int>(n);
   }
 
   MPI_Datatype datatype(c10::ScalarType t) const {
     switch (t) {
-      case c10::kFloat: return MPI_FLOAT;
-      case c10::kDouble: return MPI_DOUBLE;
-      case c10::kInt: return MPI_INT32_T;
-      case c10::kLong: return MPI_INT64_T;
+      case c10::kFloat:
+        return MPI_FLOAT;
+      case c10::kDouble:
+        return MPI_DOUBLE;
+      case c10::kInt:
+        return MPI_INT32_T;
+      case c10::kLong:
+        return MPI_INT64_T;
       case c10::kBFloat16:
-      case c10::kHalf: return half_type_;
-      default: MPIDDP_THROW("mpi backend: no MPI type for " + dtype_name(t));
+      case c10::kHalf:
+        return half_type_;
+      default:
+        MPIDDP_THROW("mpi backend: no MPI type for " + dtype_name(t));
     }
   }
 

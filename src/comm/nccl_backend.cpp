@@ -26,22 +26,33 @@ namespace {
 
 ncclDataType_t nccl_type(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return ncclFloat32;
-    case c10::kDouble: return ncclFloat64;
-    case c10::kBFloat16: return ncclBfloat16;
-    case c10::kHalf: return ncclFloat16;
-    case c10::kInt: return ncclInt32;
-    case c10::kLong: return ncclInt64;
-    default: MPIDDP_THROW("nccl backend: no NCCL type for " + dtype_name(t));
+    case c10::kFloat:
+      return ncclFloat32;
+    case c10::kDouble:
+      return ncclFloat64;
+    case c10::kBFloat16:
+      return ncclBfloat16;
+    case c10::kHalf:
+      return ncclFloat16;
+    case c10::kInt:
+      return ncclInt32;
+    case c10::kLong:
+      return ncclInt64;
+    default:
+      MPIDDP_THROW("nccl backend: no NCCL type for " + dtype_name(t));
   }
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -121,8 +132,8 @@ class DeviceCompletions {
     if (pending_.empty()) return;
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-      end_job_from_watcher("NCCL failed during " + pending_.front().what + " (waited for on the GPU): " +
-                           ncclGetErrorString(async));
+      end_job_from_watcher("NCCL failed during " + pending_.front().what +
+                           " (waited for on the GPU): " + ncclGetErrorString(async));
     }
   }
 
@@ -178,8 +189,8 @@ class NcclWork : public PollingWork {
       add_elapsed(started_event_, done_event_, device_ns_);
       return true;
     }
-    MPIDDP_CHECK(q == cudaErrorNotReady, std::string("CUDA error while waiting for ") + what() + ": " +
-                                             cudaGetErrorString(q));
+    MPIDDP_CHECK(q == cudaErrorNotReady,
+                 std::string("CUDA error while waiting for ") + what() + ": " + cudaGetErrorString(q));
     ncclResult_t async = ncclSuccess;
     MPIDDP_CHECK_NCCL(ncclCommGetAsyncError(comm_, &async));
     MPIDDP_CHECK(async == ncclSuccess || async == ncclInProgress,
@@ -276,17 +287,19 @@ class NcclProcessGroup : public ProcessGroup {
       void* out = c.output.data_ptr();
       switch (c.kind) {
         case Collective::kAllreduce:
-          MPIDDP_CHECK_NCCL(ncclAllReduce(in, out, static_cast<size_t>(c.input.numel()), type, nccl_op(c.op), comm_, stream_));
+          MPIDDP_CHECK_NCCL(
+              ncclAllReduce(in, out, static_cast<size_t>(c.input.numel()), type, nccl_op(c.op), comm_, stream_));
           break;
         case Collective::kBroadcast:
-          MPIDDP_CHECK_NCCL(ncclBroadcast(in, out, static_cast<size_t>(c.output.numel()), type, c.root, comm_, stream_));
+          MPIDDP_CHECK_NCCL(
+              ncclBroadcast(in, out, static_cast<size_t>(c.output.numel()), type, c.root, comm_, stream_));
           break;
         case Collective::kAllgather:  // in place: input is this rank's slice of the output, as NCCL allows
           MPIDDP_CHECK_NCCL(ncclAllGather(in, out, static_cast<size_t>(c.input.numel()), type, comm_, stream_));
           break;
         case Collective::kReduceScatter:  // in place: output is this rank's slice of the input
-          MPIDDP_CHECK_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(c.output.numel()), type, nccl_op(c.op),
-                                              comm_, stream_));
+          MPIDDP_CHECK_NCCL(
+              ncclReduceScatter(in, out, static_cast<size_t>(c.output.numel()), type, nccl_op(c.op), comm_, stream_));
           break;
         case Collective::kAlltoall: {
           // NCCL has no alltoall: grouped point-to-point, as PyTorch's ProcessGroupNCCL does.

@@ -1,6 +1,6 @@
-#include <mpiddp/process_group.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -13,11 +13,11 @@
 #include <thread>
 
 #include "comm/backend_factories.hpp"
-#include "runtime/wait.hpp"
 #include "comm/stall.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
 #include "common/text.hpp"
+#include "runtime/wait.hpp"
 
 namespace mpiddp {
 
@@ -71,8 +71,10 @@ bool is_supported_dtype(c10::ScalarType t) {
     case c10::kBFloat16:
     case c10::kHalf:
     case c10::kInt:
-    case c10::kLong: return true;
-    default: return false;
+    case c10::kLong:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -81,7 +83,8 @@ CommOptions CommOptions::from_environment() {
   if (const char* t = std::getenv("MPIDDP_COMM_TIMEOUT"); t && *t) {
     char* end = nullptr;
     double seconds = std::strtod(t, &end);
-    MPIDDP_CHECK(*end == '\0' && seconds > 0, std::string("MPIDDP_COMM_TIMEOUT must be a positive number of seconds, got '") + t + "'");
+    MPIDDP_CHECK(*end == '\0' && seconds > 0,
+                 std::string("MPIDDP_COMM_TIMEOUT must be a positive number of seconds, got '") + t + "'");
     o.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
   }
   if (const char* c = std::getenv("MPIDDP_CHECK_COLLECTIVES"); c && *c) {
@@ -94,8 +97,9 @@ CommOptions CommOptions::from_environment() {
   } else if (w && *w) {
     char* end = nullptr;
     const double seconds = std::strtod(w, &end);
-    MPIDDP_CHECK(*end == '\0' && seconds >= 0,
-                 std::string("MPIDDP_STALL_WARNING must be a number of seconds >= 0 (0: no warnings) or off, got '") + w + "'");
+    MPIDDP_CHECK(
+        *end == '\0' && seconds >= 0,
+        std::string("MPIDDP_STALL_WARNING must be a number of seconds >= 0 (0: no warnings) or off, got '") + w + "'");
     o.stall_warning = std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
   }
   return o;
@@ -159,20 +163,21 @@ void PollingWork::wait_on_device() {
 void PollingWork::wait() {
   // The waiting policy is detail::wait_until's (runtime/wait.hpp); here the stall monitor hears of
   // the wait and the timeout ends it.
-  detail::wait_until([this] { return test(); }, start_, [this](std::chrono::steady_clock::duration waited) {
-    if (call_.stall) call_.stall->on_wait(site_, waited);
-    if (waited > timeout_) {
-      on_timeout();
-      std::ostringstream msg;
-      msg << what() << " did not complete within " << static_cast<double>(timeout_.count()) / 1000.0 << " s: "
-          << who_is_missing();
-      g_timed_out = true;
-      CollectiveTimeout error(msg.str(), __FILE__, __LINE__);
-      if (call_.stall) error.set_reporter(call_.stall->reports_timeout(site_));
-      failure_ = std::make_exception_ptr(error);
-      std::rethrow_exception(failure_);
-    }
-  });
+  detail::wait_until([this] { return test(); }, start_,
+                     [this](std::chrono::steady_clock::duration waited) {
+                       if (call_.stall) call_.stall->on_wait(site_, waited);
+                       if (waited > timeout_) {
+                         on_timeout();
+                         std::ostringstream msg;
+                         msg << what() << " did not complete within " << static_cast<double>(timeout_.count()) / 1000.0
+                             << " s: " << who_is_missing();
+                         g_timed_out = true;
+                         CollectiveTimeout error(msg.str(), __FILE__, __LINE__);
+                         if (call_.stall) error.set_reporter(call_.stall->reports_timeout(site_));
+                         failure_ = std::make_exception_ptr(error);
+                         std::rethrow_exception(failure_);
+                       }
+                     });
 }
 
 std::string PollingWork::who_is_missing() {
@@ -254,7 +259,6 @@ Descriptor describe(const ProcessGroup::Call& c) {
   return d;
 }
 
-
 }  // namespace
 
 // Check mode: every collective's descriptor goes to every peer before the collective is launched.
@@ -288,8 +292,8 @@ struct ProcessGroup::Checker {
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
       MPI_Request rq;
-      MPIDDP_CHECK_MPI(MPI_Irecv(&p->theirs[static_cast<size_t>(r)], sizeof(Descriptor), MPI_BYTE, r, kDescriptorTag,
-                                 comm, &rq));
+      MPIDDP_CHECK_MPI(
+          MPI_Irecv(&p->theirs[static_cast<size_t>(r)], sizeof(Descriptor), MPI_BYTE, r, kDescriptorTag, comm, &rq));
       p->recvs.push_back(rq);
       MPIDDP_CHECK_MPI(MPI_Isend(&p->mine, sizeof(Descriptor), MPI_BYTE, r, kDescriptorTag, comm, &rq));
       p->sends.push_back(rq);
@@ -415,7 +419,8 @@ ProcessGroup::ProcessGroup(const Runtime& runtime, CommOptions options)
     MPIDDP_CHECK_MPI(MPI_Comm_dup(runtime.world(), &control_));
   }
   MPIDDP_CHECK_MPI(MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN));
-  if (size_ > 1 && options_.stall_monitor) stall_ = std::make_shared<detail::StallMonitor>(control_, rank_, size_, options_.stall_warning);
+  if (size_ > 1 && options_.stall_monitor)
+    stall_ = std::make_shared<detail::StallMonitor>(control_, rank_, size_, options_.stall_warning);
   if (options_.check_collectives) {
     checker_ = std::make_shared<Checker>();
     checker_->pg = this;
@@ -449,16 +454,16 @@ void ProcessGroup::validate(const Call& c) const {
                what + ": input is " + dtype_name(dtype) + " but output is " + dtype_name(c.output.scalar_type()));
   MPIDDP_CHECK(c.input.is_contiguous() && c.output.is_contiguous(),
                what + ": tensors must be contiguous (call .contiguous() first)");
-  MPIDDP_CHECK(c.input.device() == c.output.device(), what + ": input on " + c.input.device().str() +
-                                                          " but output on " + c.output.device().str());
+  MPIDDP_CHECK(c.input.device() == c.output.device(),
+               what + ": input on " + c.input.device().str() + " but output on " + c.output.device().str());
   check_device(c.input.device(), what);
-  MPIDDP_CHECK(supports(c.kind, dtype, c.op),
-               backend() + " does not support " + what + " of " + dtype_name(dtype) +
-                   (t.reduces ? " with " + to_string(c.op) : std::string()));
+  MPIDDP_CHECK(supports(c.kind, dtype, c.op), backend() + " does not support " + what + " of " + dtype_name(dtype) +
+                                                  (t.reduces ? " with " + to_string(c.op) : std::string()));
   const int64_t n = size_, in = c.input.numel(), out = c.output.numel();
   switch (t.counts) {
     case CountRule::kSame:
-      MPIDDP_CHECK(in == out, what + ": input has " + std::to_string(in) + " elements but output " + std::to_string(out));
+      MPIDDP_CHECK(in == out,
+                   what + ": input has " + std::to_string(in) + " elements but output " + std::to_string(out));
       break;
     case CountRule::kGather:
       MPIDDP_CHECK(out == in * n, what + ": output needs world size x input = " + std::to_string(in * n) +
@@ -469,9 +474,11 @@ void ProcessGroup::validate(const Call& c) const {
                                       " elements, has " + std::to_string(in));
       break;
     case CountRule::kExchange:
-      MPIDDP_CHECK(in == out && in % n == 0, what + ": input and output need the same element count, divisible by "
-                                                    "the world size " + std::to_string(n) + "; got " +
-                                                    std::to_string(in) + " and " + std::to_string(out));
+      MPIDDP_CHECK(in == out && in % n == 0, what +
+                                                 ": input and output need the same element count, divisible by "
+                                                 "the world size " +
+                                                 std::to_string(n) + "; got " + std::to_string(in) + " and " +
+                                                 std::to_string(out));
       break;
     case CountRule::kNone:
       break;
@@ -499,7 +506,8 @@ namespace {
 // Divides the output by the world size once the summing collective underneath has completed.
 class AveragingWork : public Work {
  public:
-  AveragingWork(WorkHandle sum, torch::Tensor output, int n) : sum_(std::move(sum)), output_(std::move(output)), n_(n) {}
+  AveragingWork(WorkHandle sum, torch::Tensor output, int n)
+      : sum_(std::move(sum)), output_(std::move(output)), n_(n) {}
   bool test() override {
     if (!done_ && sum_->test()) divide();
     return done_;

@@ -7,8 +7,8 @@
 
 namespace mpiddp::detail {
 
-ServedStore serve_store(const Runtime& runtime, const std::string& host, int clients,
-                        std::chrono::milliseconds timeout, const std::string& what) {
+ServedStore serve_store(const Runtime& runtime, const std::string& host, int clients, std::chrono::milliseconds timeout,
+                        const std::string& what) {
   ServedStore s;
   std::string server_error;
   if (runtime.rank() == 0) {

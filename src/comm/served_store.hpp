@@ -19,7 +19,7 @@ struct ServedStore {
 
 /// Rank 0 opens the server (clients will name it `host`); every rank learns its port. Collective;
 /// throws mpiddp::Error on every rank when rank 0 cannot open it.
-ServedStore serve_store(const Runtime& runtime, const std::string& host, int clients,
-                        std::chrono::milliseconds timeout, const std::string& what);
+ServedStore serve_store(const Runtime& runtime, const std::string& host, int clients, std::chrono::milliseconds timeout,
+                        const std::string& what);
 
 }  // namespace mpiddp::detail

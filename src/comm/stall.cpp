@@ -13,7 +13,6 @@ namespace {
 
 constexpr int kStallTag = 0x57a1;
 
-
 }  // namespace
 
 StallMonitor::StallMonitor(MPI_Comm control, int rank, int size, std::chrono::milliseconds warning)
@@ -30,8 +29,8 @@ void StallMonitor::on_wait(const WaitSite& site, std::chrono::steady_clock::dura
   if (waited < next_warning_) return;
   next_warning_ += warning_;
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(waited).count();
-  const std::string line = "mpiddp: warning: [rank " + std::to_string(rank_) + "] " + site.describe() +
-                           " has waited " + std::to_string(seconds) + " s: " + behind(site) + "\n";
+  const std::string line = "mpiddp: warning: [rank " + std::to_string(rank_) + "] " + site.describe() + " has waited " +
+                           std::to_string(seconds) + " s: " + behind(site) + "\n";
   std::cerr << line << std::flush;  // one write: lines of ranks sharing a stream stay whole
 }
 
@@ -67,7 +66,8 @@ void StallMonitor::drain() {
   while (!sent_.empty()) {  // forget delivered notices, oldest first
     auto& s = sent_.front();
     int done = 0;
-    if (MPI_Testall(static_cast<int>(s.requests.size()), s.requests.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
+    if (MPI_Testall(static_cast<int>(s.requests.size()), s.requests.data(), &done, MPI_STATUSES_IGNORE) !=
+            MPI_SUCCESS ||
         !done) {
       break;
     }

@@ -59,8 +59,8 @@ class StallMonitor {
 
  private:
   struct Notice {
-    uint64_t seq = 0;      ///< 0: nothing heard
-    int32_t waiting = 0;   ///< 1: waits in `seq`; 0: its wait there has ended
+    uint64_t seq = 0;     ///< 0: nothing heard
+    int32_t waiting = 0;  ///< 1: waits in `seq`; 0: its wait there has ended
     char what[116] = {};
   };
   void announce(const WaitSite& site);

@@ -15,10 +15,10 @@ std::string mpi_error_text(int code);
 
 }  // namespace mpiddp::detail
 
-#define MPIDDP_CHECK_MPI(call)                                                 \
-  do {                                                                         \
-    int mpiddp_rc_ = (call);                                                   \
-    if (mpiddp_rc_ != MPI_SUCCESS) {                                           \
+#define MPIDDP_CHECK_MPI(call)                                                  \
+  do {                                                                          \
+    int mpiddp_rc_ = (call);                                                    \
+    if (mpiddp_rc_ != MPI_SUCCESS) {                                            \
       ::mpiddp::detail::throw_mpi_error(mpiddp_rc_, #call, __FILE__, __LINE__); \
-    }                                                                          \
+    }                                                                           \
   } while (0)

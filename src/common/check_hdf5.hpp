@@ -48,12 +48,12 @@ class Hid {
 
 }  // namespace mpiddp::detail
 
-#define MPIDDP_CHECK_HDF5(call)                                                                         \
-  ([&]() {                                                                                              \
-    auto mpiddp_h5_ = (call);                                                                           \
-    if (mpiddp_h5_ < 0) {                                                                               \
-      throw ::mpiddp::Error(std::string(#call) + " failed: " + ::mpiddp::detail::hdf5_error_text(),     \
-                            __FILE__, __LINE__);                                                        \
-    }                                                                                                   \
-    return mpiddp_h5_;                                                                                  \
+#define MPIDDP_CHECK_HDF5(call)                                                                               \
+  ([&]() {                                                                                                    \
+    auto mpiddp_h5_ = (call);                                                                                 \
+    if (mpiddp_h5_ < 0) {                                                                                     \
+      throw ::mpiddp::Error(std::string(#call) + " failed: " + ::mpiddp::detail::hdf5_error_text(), __FILE__, \
+                            __LINE__);                                                                        \
+    }                                                                                                         \
+    return mpiddp_h5_;                                                                                        \
   }())

@@ -29,8 +29,7 @@ std::string format_error(const std::string& message, const std::string& file, in
 
 }  // namespace
 
-Error::Error(const std::string& message, const char* file, int line)
-    : Error(message, file, line, current_rank()) {}
+Error::Error(const std::string& message, const char* file, int line) : Error(message, file, line, current_rank()) {}
 
 Error::Error(const std::string& message, const char* file, int line, int rank)
     : std::runtime_error(format_error(message, short_path(file), line, rank)),

@@ -1,5 +1,5 @@
-#include <mpiddp/data.hpp>
 #include <mpiddp/config.hpp>
+#include <mpiddp/data.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>
 
@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "common/check_hdf5.hpp"
+#include "runtime/agreement.hpp"
 
 namespace mpiddp {
 namespace {
@@ -152,8 +153,8 @@ bool H5Dataset::open_parallel(MPI_Comm comm) {
   h_->inputs = Hid();
   h_->targets = Hid();
   h_->file = Hid();
-  std::string error;
-  try {
+  detail::LocalFailure failure;
+  failure.run([&] {
     // Collective from here on (H5Pset_fapl_mpio duplicates the communicator).
     BlockingCall watch("collective open of '" + info_.path + "' (HDF5 MPI-IO)");
     Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
@@ -164,11 +165,10 @@ bool H5Dataset::open_parallel(MPI_Comm comm) {
     open_datasets();
     h_->collective = Hid(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
     MPIDDP_CHECK_HDF5(H5Pset_dxpl_mpio(h_->collective.get(), H5FD_MPIO_COLLECTIVE));
-  } catch (const Error& e) {
-    error = e.message();
-  }
-  if (!all_ok(comm, error.empty())) {  // every rank knows: all stop alike
-    MPIDDP_THROW_AGREED(error.empty() ? "another rank could not reopen '" + info_.path + "' through MPI-IO" : error);
+  });
+  if (detail::any_rank_failed(comm, failure)) {  // every rank knows: all stop alike
+    MPIDDP_THROW_AGREED(failure.failed() ? failure.reason()
+                                         : "another rank could not reopen '" + info_.path + "' through MPI-IO");
   }
   return true;
 #else
@@ -179,16 +179,15 @@ bool H5Dataset::open_parallel(MPI_Comm comm) {
 
 Example H5Dataset::read(const std::vector<int64_t>& indices) const { return read_rows(indices, false); }
 
-Example H5Dataset::read_collective(const std::vector<int64_t>& indices) const {
-  return read_rows(indices, parallel());
-}
+Example H5Dataset::read_collective(const std::vector<int64_t>& indices) const { return read_rows(indices, parallel()); }
 
 Example H5Dataset::read_rows(const std::vector<int64_t>& indices, bool collective) const {
   MPIDDP_CHECK(!indices.empty(), "read of no samples");
   const hid_t xfer = collective ? h_->collective.get() : H5P_DEFAULT;
   if (cached()) {
     const auto [lo, hi] = std::minmax_element(indices.begin(), indices.end());
-    MPIDDP_CHECK(*lo >= 0 && *hi < info_.samples, "sample index out of range [0, " + std::to_string(info_.samples) + ")");
+    MPIDDP_CHECK(*lo >= 0 && *hi < info_.samples,
+                 "sample index out of range [0, " + std::to_string(info_.samples) + ")");
     auto order = torch::tensor(indices, torch::kLong);
     Example e{h_->mem_inputs.index_select(0, order), h_->mem_targets.index_select(0, order)};
     if (info_.uint8_inputs) e.inputs = e.inputs.to(torch::kFloat).mul_(info_.scale);
@@ -206,7 +205,9 @@ Example H5Dataset::read_rows(const std::vector<int64_t>& indices, bool collectiv
   }
   auto order = torch::tensor(where, torch::kLong);
   std::optional<BlockingCall> watch;  // a collective read waits for every rank's
-  if (collective) watch.emplace("collective read of " + std::to_string(sorted.size()) + " rows of '" + info_.path + "' (HDF5 MPI-IO)");
+  if (collective)
+    watch.emplace("collective read of " + std::to_string(sorted.size()) + " rows of '" + info_.path +
+                  "' (HDF5 MPI-IO)");
   Example e;
   if (info_.uint8_inputs) {
     e.inputs = h_->rows(h_->inputs.get(), h_->in_dims, sorted, torch::kUInt8, H5T_NATIVE_UINT8, xfer)
@@ -214,8 +215,8 @@ Example H5Dataset::read_rows(const std::vector<int64_t>& indices, bool collectiv
                    .to(torch::kFloat)
                    .mul_(info_.scale);
   } else {
-    e.inputs = h_->rows(h_->inputs.get(), h_->in_dims, sorted, torch::kFloat, H5T_NATIVE_FLOAT, xfer)
-                   .index_select(0, order);
+    e.inputs =
+        h_->rows(h_->inputs.get(), h_->in_dims, sorted, torch::kFloat, H5T_NATIVE_FLOAT, xfer).index_select(0, order);
   }
   e.targets = info_.classification
                   ? h_->rows(h_->targets.get(), h_->tg_dims, sorted, torch::kLong, H5T_NATIVE_INT64, xfer)
@@ -303,7 +304,8 @@ void write_dataset(const std::string& path, const torch::Tensor& inputs, const t
   };
   {
     const bool bytes = inputs.scalar_type() == torch::kUInt8;
-    Hid in = write("inputs", inputs, bytes ? H5T_STD_U8LE : H5T_IEEE_F32LE, bytes ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT);
+    Hid in =
+        write("inputs", inputs, bytes ? H5T_STD_U8LE : H5T_IEEE_F32LE, bytes ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT);
     if (bytes) detail::write_scalar_attr(in.get(), "scale", H5T_NATIVE_DOUBLE, &scale);
     Hid tg = write("targets", targets, classes ? H5T_STD_I64LE : H5T_IEEE_F32LE,
                    classes ? H5T_NATIVE_INT64 : H5T_NATIVE_FLOAT);

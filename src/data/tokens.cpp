@@ -52,12 +52,6 @@ int32_t header_int(const unsigned char* bytes, int i) {
 
 }  // namespace
 
-TokenFormat parse_token_format(const std::string& name) {
-  if (name == "llmc") return TokenFormat::kLlmc;
-  if (name == "raw-uint16") return TokenFormat::kRawUint16;
-  MPIDDP_THROW("unknown token data format '" + name + "' (llmc, raw-uint16)");
-}
-
 // A read-only memory mapping of one whole file.
 struct TokenStream::Mapping {
   const unsigned char* bytes = nullptr;
@@ -66,8 +60,8 @@ struct TokenStream::Mapping {
 
   explicit Mapping(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    MPIDDP_CHECK(fd >= 0, "token shard '" + path + "': " +
-                              (errno == ENOENT ? std::string("does not exist") : std::strerror(errno)));
+    MPIDDP_CHECK(fd >= 0, "token shard '" + path +
+                              "': " + (errno == ENOENT ? std::string("does not exist") : std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
@@ -97,8 +91,8 @@ TokenStream::TokenStream(const std::vector<std::string>& sources, TokenFormat fo
     TokenShard shard;
     shard.path = path;
     if (format == TokenFormat::kRawUint16) {
-      MPIDDP_CHECK(map->size % 2 == 0, "token file '" + path + "' (raw uint16) has an odd size of " +
-                                           std::to_string(map->size) + " bytes");
+      MPIDDP_CHECK(map->size % 2 == 0,
+                   "token file '" + path + "' (raw uint16) has an odd size of " + std::to_string(map->size) + " bytes");
       shard.tokens = static_cast<int64_t>(map->size / 2);
       map->body = map->bytes;
     } else {
@@ -174,8 +168,8 @@ void TokenStream::check_vocab(int64_t vocab_size) const {
       if (bad.numel() == 0) continue;
       const int64_t i = bad[0][0].item<int64_t>();
       MPIDDP_THROW("token shard '" + shards_[s].path + "': token " + std::to_string(at + i) + " is " +
-                   std::to_string(part[i].item<int64_t>()) + ", outside a vocabulary of " +
-                   std::to_string(vocab_size) + " (--vocab-size)");
+                   std::to_string(part[i].item<int64_t>()) + ", outside a vocabulary of " + std::to_string(vocab_size) +
+                   " (--vocab-size)");
     }
   }
 }
@@ -224,7 +218,8 @@ void write_token_shard(const std::string& path, const std::vector<uint32_t>& tok
     if (version == kLlmcVersionUint16) {
       std::vector<uint16_t> narrow(tokens.size());
       for (size_t i = 0; i < tokens.size(); ++i) {
-        MPIDDP_CHECK(tokens[i] < 65536, "token " + std::to_string(tokens[i]) + " does not fit a uint16 shard (version 1)");
+        MPIDDP_CHECK(tokens[i] < 65536,
+                     "token " + std::to_string(tokens[i]) + " does not fit a uint16 shard (version 1)");
         narrow[i] = static_cast<uint16_t>(tokens[i]);
       }
       f.write(reinterpret_cast<const char*>(narrow.data()), static_cast<std::streamsize>(narrow.size() * 2));

@@ -5,8 +5,8 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
-#include <map>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -14,11 +14,11 @@
 
 namespace mpiddp {
 
-std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
-                                         const std::vector<c10::ScalarType>& dtypes, int64_t cap_bytes,
-                                         int64_t first_cap_bytes, const std::vector<int>& unit_of) {
+std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels, const std::vector<c10::ScalarType>& dtypes,
+                                         int64_t cap_bytes, int64_t first_cap_bytes, const std::vector<int>& group_of) {
   MPIDDP_CHECK(numels.size() == dtypes.size(), "assign_buckets: numels and dtypes differ in length");
-  MPIDDP_CHECK(unit_of.empty() || unit_of.size() == numels.size(), "assign_buckets: unit_of and numels differ in length");
+  MPIDDP_CHECK(group_of.empty() || group_of.size() == numels.size(),
+               "assign_buckets: group_of and numels differ in length");
   MPIDDP_CHECK(cap_bytes > 0 && first_cap_bytes > 0, "bucket caps must be > 0 bytes");
   std::vector<BucketLayout> out;
   int64_t bytes = 0;
@@ -26,13 +26,13 @@ std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels,
     const int64_t size = numels[k] * static_cast<int64_t>(c10::elementSize(dtypes[k]));
     // The bucket being filled is the first one while exactly one exists.
     const int64_t current_cap = out.size() == 1 ? first_cap_bytes : cap_bytes;
-    const int unit = unit_of.empty() ? -1 : unit_of[k];
-    const bool fits = !out.empty() && out.back().dtype == dtypes[k] && out.back().unit == unit &&
-                      (unit >= 0 || bytes + size <= current_cap);
+    const int group = group_of.empty() ? -1 : group_of[k];
+    const bool fits =
+        !out.empty() && out.back().dtype == dtypes[k] && out.back().group == group && bytes + size <= current_cap;
     if (!fits) {
       out.push_back(BucketLayout{});
       out.back().dtype = dtypes[k];
-      out.back().unit = unit;
+      out.back().group = group;
       bytes = 0;
     }
     BucketLayout& b = out.back();
@@ -59,8 +59,8 @@ struct DistributedDataParallel::GradientReady : torch::autograd::FunctionPostHoo
 struct DistributedDataParallel::Bucket {
   BucketLayout layout;
   GradientReduction* reduction = nullptr;  ///< reduction_, or tail_reduction_ for a lone mean tail
-  size_t index = 0;         ///< the bucket's index in its reduction
-  bool keeps_buffer = true; ///< reduction->keeps_buffer()
+  size_t index = 0;                        ///< the bucket's index in its reduction
+  bool keeps_buffer = true;                ///< reduction->keeps_buffer()
   torch::TensorOptions options;
   torch::Tensor flat;       ///< gradients of this bucket, in layout order (transient: while reduced)
   std::vector<bool> ready;  ///< per slot: gradient copied in this step
@@ -158,18 +158,22 @@ void DistributedDataParallel::setup(const std::vector<std::pair<std::string, tor
   add_gradient_hooks();
 }
 
-// Deferred parameters (units.hpp) only where ZeRO stage 3 initialises them: trainable, in a unit.
-void DistributedDataParallel::check_deferred(const std::vector<std::pair<std::string, torch::Tensor>>& parameters) const {
-  const auto unit_of = unit_of_parameters();
+// Deferred parameters (units.hpp) only where the reduction shards them: trainable, in a bucket group.
+void DistributedDataParallel::check_deferred(
+    const std::vector<std::pair<std::string, torch::Tensor>>& parameters) const {
+  const auto group_of = group_of_parameters();
   std::set<const void*> sharded;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (reduction_->zero_stage() == 3 && !unit_of.empty() && unit_of[i] >= 0) sharded.insert(params_[i].unsafeGetTensorImpl());
+    if (reduction_->shards_group_parameters() && !group_of.empty() && group_of[i] >= 0) {
+      sharded.insert(params_[i].unsafeGetTensorImpl());
+    }
   }
   for (const auto& [name, p] : parameters) {
     MPIDDP_CHECK(!is_deferred(p) || sharded.count(p.unsafeGetTensorImpl()),
-                 "the parameter '" + name + "' is deferred (no memory yet): only ZeRO stage 3 initialises deferred "
-                 "parameters, a unit's trainable ones; materialise the model first (materialise_units(module), "
-                 "Model::materialise())");
+                 "the parameter '" + name +
+                     "' is deferred (no memory yet): only ZeRO stage 3 initialises deferred "
+                     "parameters, a unit's trainable ones; materialise the model first (materialise_units(module), "
+                     "Model::materialise())");
   }
 }
 
@@ -182,9 +186,9 @@ void DistributedDataParallel::make_buckets() {
     dtypes.push_back(p.scalar_type());
     gradient_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
-  const int64_t cap = options_.bucket_cap_bytes == kAutoBucketCap ? reduction_->bucket_cap(gradient_bytes)
-                                                                  : options_.bucket_cap_bytes;
-  layouts_ = assign_buckets(numels, dtypes, cap, options_.first_bucket_cap_bytes, unit_of_parameters());
+  const int64_t cap =
+      options_.bucket_cap_bytes == kAutoBucketCap ? reduction_->bucket_cap(gradient_bytes) : options_.bucket_cap_bytes;
+  layouts_ = assign_buckets(numels, dtypes, cap, options_.first_bucket_cap_bytes, group_of_parameters());
   std::vector<torch::TensorOptions> options;
   for (auto& l : layouts_) {
     l.padded = reduction_->padded(l.numel, pg_.size());
@@ -207,22 +211,22 @@ void DistributedDataParallel::make_buckets() {
   }
 }
 
-std::vector<int> DistributedDataParallel::unit_of_parameters() const {
-  if (options_.units.empty()) return {};
+std::vector<int> DistributedDataParallel::group_of_parameters() const {
+  if (options_.bucket_groups.empty()) return {};
   std::map<const void*, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = i;
-  std::vector<int> unit_of(params_.size(), -1);
-  for (size_t u = 0; u < options_.units.size(); ++u) {
-    for (const auto& p : options_.units[u]) {
+  std::vector<int> group_of(params_.size(), -1);
+  for (size_t g = 0; g < options_.bucket_groups.size(); ++g) {
+    for (const auto& p : options_.bucket_groups[g]) {
       const auto it = index.find(p.unsafeGetTensorImpl());
       if (it == index.end()) continue;  // frozen: not reduced
-      MPIDDP_CHECK(unit_of[it->second] < 0 || unit_of[it->second] == static_cast<int>(u),
-                   "parameter '" + names_[it->second] + "' is in two units (" + std::to_string(unit_of[it->second]) +
-                       " and " + std::to_string(u) + ")");
-      unit_of[it->second] = static_cast<int>(u);
+      MPIDDP_CHECK(group_of[it->second] < 0 || group_of[it->second] == static_cast<int>(g),
+                   "parameter '" + names_[it->second] + "' is in two bucket groups (" +
+                       std::to_string(group_of[it->second]) + " and " + std::to_string(g) + ")");
+      group_of[it->second] = static_cast<int>(g);
     }
   }
-  return unit_of;
+  return group_of;
 }
 
 void DistributedDataParallel::add_mean_tail(const std::vector<std::pair<std::string, torch::Tensor>>& parameters) {
@@ -232,8 +236,10 @@ void DistributedDataParallel::add_mean_tail(const std::vector<std::pair<std::str
   // all-reduced bucket of its own (no slots: launched after the others), on the model's device.
   if (buckets_.empty() || !buckets_.back()->keeps_buffer) {
     c10::Device device(c10::kCPU);
-    if (!parameters.empty()) device = parameters.front().second.device();
-    else if (!buffers_.empty()) device = buffers_.front().device();
+    if (!parameters.empty())
+      device = parameters.front().second.device();
+    else if (!buffers_.empty())
+      device = buffers_.front().device();
     auto bucket = std::make_unique<Bucket>();
     bucket->options = torch::TensorOptions().dtype(torch::kFloat).device(device);
     tail_reduction_ = all_reduce();
@@ -319,8 +325,7 @@ void DistributedDataParallel::verify_same_model() {
       msg += i < b.size() ? "'" + b[i] + "'" : "missing";
       msg += " on rank " + std::to_string(r) + " but ";
       msg += i < a.size() ? "'" + a[i] + "'" : "missing";
-      msg += " on rank 0 (" + std::to_string(b.size()) + " vs " + std::to_string(a.size()) +
-             " trainable parameters)";
+      msg += " on rank 0 (" + std::to_string(b.size()) + " vs " + std::to_string(a.size()) + " trainable parameters)";
       MPIDDP_THROW_AGREED(msg);  // every rank compared the same lists: the same verdict everywhere
     }
   }

@@ -1,6 +1,6 @@
 // DDP's all-reduce, plain or compressed on the wire (the GradientReduction strategy, reduction.hpp).
-#include <mpiddp/error.hpp>
 #include <mpiddp/ddp.hpp>
+#include <mpiddp/error.hpp>
 #include <mpiddp/reduction.hpp>
 
 #include <algorithm>

@@ -28,8 +28,7 @@ Timeline::~Timeline() {
   }
 }
 
-void Timeline::span(const std::string& name, const std::string& track, Clock::time_point begin,
-                    Clock::time_point end) {
+void Timeline::span(const std::string& name, const std::string& track, Clock::time_point begin, Clock::time_point end) {
   if (!enabled()) return;
   const double ts = std::chrono::duration<double, std::micro>(begin - epoch_).count();
   const double dur = std::chrono::duration<double, std::micro>(end - begin).count();
@@ -42,13 +41,19 @@ void Timeline::write() {
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json events = nlohmann::json::array();
   // One process per rank, one thread per track: compute on tid 0, communication on tid 1.
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", "rank " + std::to_string(rank_)}}}});
   for (const auto& [track, tid] : {std::pair<const char*, int>{"compute", 0}, {"comm", 1}}) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid}, {"args", {{"name", track}}}});
   }
   for (const auto& e : events_) {
-    events.push_back({{"name", e.name}, {"cat", e.track}, {"ph", "X"}, {"ts", e.ts_us}, {"dur", e.dur_us},
-                      {"pid", rank_}, {"tid", e.track == "comm" ? 1 : 0}});
+    events.push_back({{"name", e.name},
+                      {"cat", e.track},
+                      {"ph", "X"},
+                      {"ts", e.ts_us},
+                      {"dur", e.dur_us},
+                      {"pid", rank_},
+                      {"tid", e.track == "comm" ? 1 : 0}});
   }
   std::ofstream out(path_);
   MPIDDP_CHECK(out.good(), "cannot write timeline '" + path_ + "'");

@@ -40,16 +40,11 @@ std::string flops_text(double flops_per_s) {
   return text;
 }
 
-// "123.4 samples/s", for token data "123.4 samples/s (31590 tokens/s)", then where the model's
-// FLOPs are known ", 1.23 TFLOP/s" and where the device's peak is too " (MFU 19.5%)".
+// samples_text(), then where the model's FLOPs are known ", 1.23 TFLOP/s" and where the device's
+// peak is too " (MFU 19.5%)".
 std::string rate_text(const Rates& r) {
   char text[64];
-  std::snprintf(text, sizeof text, "%.1f samples/s", r.samples_per_s);
-  std::string out = text;
-  if (r.tokens_per_s > 0) {
-    std::snprintf(text, sizeof text, " (%.0f tokens/s)", r.tokens_per_s);
-    out += text;
-  }
+  std::string out = samples_text(r.samples_per_s, r.tokens_per_s);
   if (r.flops_per_s > 0) {
     out += ", " + flops_text(r.flops_per_s);
     if (r.mfu > 0) {
@@ -59,6 +54,62 @@ std::string rate_text(const Rates& r) {
   }
   return out;
 }
+
+// One field of an epoch's record: its key in the metrics file (where `scalar`, also TensorBoard's
+// epoch/<key>), the EpochMetrics member that holds it (a real number or a count) and when the
+// record holds it. The one list of the record's fields: to_json and on_epoch read it. Rows in
+// TensorBoard's order (the JSON object sorts its keys).
+struct EpochField {
+  enum class Presence { kAlways, kPositive, kNonNegative, kWithLossScale };
+  const char* key;
+  double EpochMetrics::*real;
+  int64_t EpochMetrics::*count;
+  Presence presence;
+  bool scalar;
+
+  bool present_in(const EpochMetrics& m) const {
+    const double value = real ? m.*real : static_cast<double>(m.*count);
+    switch (presence) {
+      case Presence::kPositive:
+        return value > 0;
+      case Presence::kNonNegative:
+        return value >= 0;  // -1: no test data, or no labels
+      case Presence::kWithLossScale:
+        return m.loss_scale > 0;
+      case Presence::kAlways:
+        break;
+    }
+    return true;
+  }
+};
+
+using Presence = EpochField::Presence;
+constexpr EpochField kEpochFields[] = {
+    {"epoch", nullptr, &EpochMetrics::epoch, Presence::kAlways, false},
+    {"steps", nullptr, &EpochMetrics::steps, Presence::kAlways, false},
+    {"global_step", nullptr, &EpochMetrics::global_step, Presence::kAlways, false},
+    {"train_loss", &EpochMetrics::train_loss, nullptr, Presence::kAlways, true},
+    {"test_loss", &EpochMetrics::test_loss, nullptr, Presence::kNonNegative, true},
+    {"test_accuracy", &EpochMetrics::test_accuracy, nullptr, Presence::kNonNegative, true},
+    {"samples_per_s", &EpochMetrics::samples_per_s, nullptr, Presence::kAlways, true},
+    {"tokens_per_s", &EpochMetrics::tokens_per_s, nullptr, Presence::kPositive, true},
+    {"flops_per_s", &EpochMetrics::flops_per_s, nullptr, Presence::kPositive, true},
+    {"mfu", &EpochMetrics::mfu, nullptr, Presence::kPositive, true},
+    {"seconds", &EpochMetrics::seconds, nullptr, Presence::kAlways, true},
+    {"lr", &EpochMetrics::lr, nullptr, Presence::kAlways, true},
+    {"loss_scale", &EpochMetrics::loss_scale, nullptr, Presence::kPositive, true},
+    {"overflow_steps", nullptr, &EpochMetrics::overflow_steps, Presence::kWithLossScale, false},
+    {"skipped_steps", nullptr, &EpochMetrics::skipped_steps, Presence::kAlways, false},
+    {"first_step_unix_s", &EpochMetrics::first_step_unix_s, nullptr, Presence::kPositive, false},
+};
+
+constexpr bool epoch_scalars_are_real() {
+  for (const auto& f : kEpochFields) {
+    if (f.scalar && !f.real) return false;
+  }
+  return true;
+}
+static_assert(epoch_scalars_are_real(), "a TensorBoard scalar of the epoch record reads a real-valued member");
 
 // The run's options as TensorBoard text: a Markdown table of a JSON object (what the CLI stores),
 // else the text as it is.
@@ -96,7 +147,8 @@ void RunLogs::scalar(const std::string& tag, double value, int64_t step) {
 // convention has it (PaLM, nanoGPT), so checkpointing shows as the MFU it costs. The job's peak is
 // this rank's device's times the ranks: a job's devices are taken to be alike, and rank 0, which
 // reports, names its own. No peak (no MFU) for the CPU or a device or precision flops.hpp lacks.
-Throughput throughput_of(const TrainerOptions& o, const Model& model, int64_t tokens_per_sample, const Runtime& runtime) {
+Throughput throughput_of(const TrainerOptions& o, const Model& model, int64_t tokens_per_sample,
+                         const Runtime& runtime) {
   Throughput t;
   t.tokens_per_sample = tokens_per_sample;
   const bool own_count = o.flops_per_sample <= 0;  // the model's own figure (the built-in GPT: no convolution)
@@ -118,20 +170,54 @@ Throughput throughput_of(const TrainerOptions& o, const Model& model, int64_t to
 }
 
 nlohmann::json to_json(const EpochMetrics& m, int world_size) {
-  nlohmann::json j = {{"kind", "epoch"}, {"epoch", m.epoch}, {"steps", m.steps}, {"global_step", m.global_step},
-                      {"train_loss", m.train_loss}, {"samples_per_s", m.samples_per_s}, {"seconds", m.seconds},
-                      {"lr", m.lr}, {"world_size", world_size}, {"skipped_steps", m.skipped_steps}};
-  if (m.first_step_unix_s > 0) j["first_step_unix_s"] = m.first_step_unix_s;
-  if (m.test_loss >= 0) j["test_loss"] = m.test_loss;
-  if (m.test_accuracy >= 0) j["test_accuracy"] = m.test_accuracy;
-  if (m.tokens_per_s > 0) j["tokens_per_s"] = m.tokens_per_s;
-  if (m.flops_per_s > 0) j["flops_per_s"] = m.flops_per_s;
-  if (m.mfu > 0) j["mfu"] = m.mfu;
-  if (m.loss_scale > 0) {
-    j["loss_scale"] = m.loss_scale;
-    j["overflow_steps"] = m.overflow_steps;
+  nlohmann::json j = {{"kind", "epoch"}, {"world_size", world_size}};
+  for (const auto& f : kEpochFields) {
+    if (!f.present_in(m)) continue;
+    if (f.real) {
+      j[f.key] = m.*f.real;
+    } else {
+      j[f.key] = m.*f.count;
+    }
   }
   return j;
+}
+
+std::string samples_text(double samples_per_s, double tokens_per_s) {
+  char text[384];  // a double's %.1f may take 300 characters
+  std::snprintf(text, sizeof text, "%.1f samples/s", samples_per_s);
+  std::string out = text;
+  if (tokens_per_s > 0) {
+    std::snprintf(text, sizeof text, " (%.0f tokens/s)", tokens_per_s);
+    out += text;
+  }
+  return out;
+}
+
+std::string epoch_line(const EpochMetrics& m) {
+  char text[384];  // a double's %.4f may take 300 characters
+  std::snprintf(text, sizeof text, "epoch %lld: train loss %.4f", static_cast<long long>(m.epoch), m.train_loss);
+  std::string out = text;
+  if (m.test_loss >= 0) {
+    std::snprintf(text, sizeof text, ", test loss %.4f", m.test_loss);
+    out += text;
+  }
+  if (m.test_accuracy >= 0) {
+    std::snprintf(text, sizeof text, ", test accuracy %.2f%%", 100.0 * m.test_accuracy);
+    out += text;
+  }
+  out += ", " + samples_text(m.samples_per_s, m.tokens_per_s);
+  std::snprintf(text, sizeof text, ", %.1f s, lr %.3g", m.seconds, m.lr);
+  out += text;
+  if (m.skipped_steps > 0) {
+    std::snprintf(text, sizeof text, ", %lld step(s) skipped (NaN/Inf loss)", static_cast<long long>(m.skipped_steps));
+    out += text;
+  }
+  if (m.loss_scale > 0) {
+    std::snprintf(text, sizeof text, ", loss scale %g (%lld step(s) skipped for Inf/NaN gradients)", m.loss_scale,
+                  static_cast<long long>(m.overflow_steps));
+    out += text;
+  }
+  return out;
 }
 
 ProgressLog::ProgressLog(RunLogs& logs, const TrainerOptions& options, const Runtime& runtime, const RunPlan& plan,
@@ -147,10 +233,10 @@ ProgressLog::ProgressLog(RunLogs& logs, const TrainerOptions& options, const Run
       note_(std::move(note)) {
   if (logs_.tensorboard) {
     if (from.global_step > 0) logs_.tensorboard->add_session_start(from.global_step);  // a resumed run repeats steps
-    logs_.tensorboard->add_text("options",
-                                options_markdown(options.run_config.empty() ? "(TrainerOptions::run_config not set)"
-                                                                            : options.run_config),
-                                from.global_step);
+    logs_.tensorboard->add_text(
+        "options",
+        options_markdown(options.run_config.empty() ? "(TrainerOptions::run_config not set)" : options.run_config),
+        from.global_step);
   }
 }
 
@@ -179,9 +265,14 @@ void ProgressLog::maybe_report(const RunPosition& p) {
                   clock_text(static_cast<double>(left) / rate).c_str());
     note_(text);
   }
-  nlohmann::json line = {{"kind", "log"}, {"epoch", p.epoch + 1}, {"step", p.step_in_epoch},
-                         {"global_step", p.global_step}, {"train_loss", loss_mean}, {"window_steps", window_.steps},
-                         {"samples_per_s", r.samples_per_s}, {"lr", p.lr}};
+  nlohmann::json line = {{"kind", "log"},
+                         {"epoch", p.epoch + 1},
+                         {"step", p.step_in_epoch},
+                         {"global_step", p.global_step},
+                         {"train_loss", loss_mean},
+                         {"window_steps", window_.steps},
+                         {"samples_per_s", r.samples_per_s},
+                         {"lr", p.lr}};
   if (r.tokens_per_s > 0) line["tokens_per_s"] = r.tokens_per_s;
   if (r.flops_per_s > 0) line["flops_per_s"] = r.flops_per_s;
   if (r.mfu > 0) line["mfu"] = r.mfu;
@@ -196,12 +287,10 @@ void ProgressLog::maybe_report(const RunPosition& p) {
 }
 
 void ProgressLog::on_epoch(const EpochMetrics& m) {
-  const auto j = to_json(m, world_size_);
-  logs_.line(j);
+  logs_.line(to_json(m, world_size_));
   // The same numbers as TensorBoard scalars epoch/<key>, at the epoch's last global step.
-  for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "tokens_per_s", "flops_per_s",
-                          "mfu", "seconds", "lr", "loss_scale"}) {
-    if (j.contains(key)) logs_.scalar(std::string("epoch/") + key, j[key].get<double>(), m.global_step);
+  for (const auto& f : kEpochFields) {
+    if (f.scalar && f.present_in(m)) logs_.scalar(std::string("epoch/") + f.key, m.*f.real, m.global_step);
   }
 }
 

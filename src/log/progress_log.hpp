@@ -57,8 +57,16 @@ Throughput throughput_of(const TrainerOptions& options, const Model& model, int6
                          const Runtime& runtime);
 
 /// One epoch's numbers as the metrics file writes them ("kind": "epoch"); TensorBoard's epoch/*
-/// scalars are the same numbers.
+/// scalars are the same numbers. Both read one table of EpochMetrics' fields (progress_log.cpp).
 nlohmann::json to_json(const EpochMetrics& m, int world_size);
+
+/// The epoch's line as `mpiddp train` prints it: "epoch 3: train loss 0.1234, test loss ..., 123.4
+/// samples/s, 5.6 s, lr 0.01" (the test figures, tokens/s, skipped steps and the loss scale where known).
+std::string epoch_line(const EpochMetrics& m);
+
+/// "123.4 samples/s", for token data "123.4 samples/s (31590 tokens/s)": the rate as the progress
+/// lines and the epoch line print it.
+std::string samples_text(double samples_per_s, double tokens_per_s);
 
 class ProgressLog {
  public:
@@ -94,8 +102,8 @@ class ProgressLog {
   const RunPlan plan_;
   const int world_size_;
   const Throughput throughput_;
-  const bool active_;         ///< rank 0 with somewhere to write
-  const int64_t log_steps_;   ///< a line every this many steps (0: none by steps)
+  const bool active_;        ///< rank 0 with somewhere to write
+  const int64_t log_steps_;  ///< a line every this many steps (0: none by steps)
   Note note_;
   Window window_;
 };

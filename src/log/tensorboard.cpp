@@ -72,8 +72,8 @@ SummaryWriter::SummaryWriter(const std::string& dir) : impl_(std::make_unique<Im
                "cannot create the TensorBoard directory '" + dir + "'" + (ec ? ": " + ec.message() : ""));
   // A name no other writer uses: time, host and process, then the first free counter.
   const std::string stem = (std::filesystem::path(dir) /
-                            ("events.out.tfevents." + std::to_string(static_cast<long long>(detail::unix_seconds())) + "." +
-                             detail::local_hostname() + "." + std::to_string(getpid()) + "."))
+                            ("events.out.tfevents." + std::to_string(static_cast<long long>(detail::unix_seconds())) +
+                             "." + detail::local_hostname() + "." + std::to_string(getpid()) + "."))
                                .string();
   for (int n = 0; impl_->file == nullptr; ++n) {
     impl_->path = stem + std::to_string(n);

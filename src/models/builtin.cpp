@@ -19,12 +19,16 @@ LinearNetImpl::LinearNetImpl(int64_t in, int64_t out) : fc(register_module("fc",
 torch::Tensor LinearNetImpl::forward(const torch::Tensor& x) { return fc(flat(x)); }
 
 MlpImpl::MlpImpl(int64_t in, int64_t out)
-    : fc1(register_module("fc1", nn::Linear(in, 128))), fc2(register_module("fc2", nn::Linear(128, 64))),
+    : fc1(register_module("fc1", nn::Linear(in, 128))),
+      fc2(register_module("fc2", nn::Linear(128, 64))),
       fc3(register_module("fc3", nn::Linear(64, out))) {}
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  auto h = run_unit(0, [this](const torch::Tensor& t) { return torch::relu(fc1(t)); }, flat(x));
-  h = run_unit(1, [this](const torch::Tensor& t) { return torch::relu(fc2(t)); }, h);
-  return run_unit(2, [this](const torch::Tensor& t) { return fc3(t); }, h);
+  auto h = run_unit(
+      0, [this](const torch::Tensor& t) { return torch::relu(fc1(t)); }, flat(x));
+  h = run_unit(
+      1, [this](const torch::Tensor& t) { return torch::relu(fc2(t)); }, h);
+  return run_unit(
+      2, [this](const torch::Tensor& t) { return fc3(t); }, h);
 }
 std::vector<std::shared_ptr<nn::Module>> MlpImpl::units() const { return {fc1.ptr(), fc2.ptr(), fc3.ptr()}; }
 
@@ -37,10 +41,14 @@ MnistNetImpl::MnistNetImpl()
       fc2(register_module("fc2", nn::Linear(128, 10))) {}
 
 torch::Tensor MnistNetImpl::forward(const torch::Tensor& input) {
-  auto x = run_unit(0, [this](const torch::Tensor& t) { return torch::relu(conv1(t)); }, input);
-  x = run_unit(1, [this](const torch::Tensor& t) { return torch::max_pool2d(torch::relu(conv2(t)), 2); }, x);
-  x = run_unit(2, [this](const torch::Tensor& t) { return torch::relu(fc1(t)); }, dropout1(x).flatten(1));
-  return run_unit(3, [this](const torch::Tensor& t) { return fc2(t); }, dropout2(x));
+  auto x = run_unit(
+      0, [this](const torch::Tensor& t) { return torch::relu(conv1(t)); }, input);
+  x = run_unit(
+      1, [this](const torch::Tensor& t) { return torch::max_pool2d(torch::relu(conv2(t)), 2); }, x);
+  x = run_unit(
+      2, [this](const torch::Tensor& t) { return torch::relu(fc1(t)); }, dropout1(x).flatten(1));
+  return run_unit(
+      3, [this](const torch::Tensor& t) { return fc2(t); }, dropout2(x));
 }
 std::vector<std::shared_ptr<nn::Module>> MnistNetImpl::units() const {
   return {conv1.ptr(), conv2.ptr(), fc1.ptr(), fc2.ptr()};
@@ -59,8 +67,9 @@ int64_t flat_size(const std::vector<int64_t>& shape) {
 int64_t outputs_of(const DatasetInfo& data) { return data.classification ? data.num_classes : data.target_dim; }
 
 std::shared_ptr<Model> make_cnn(const DatasetInfo& data) {
-  MPIDDP_CHECK(data.sample_shape == std::vector<int64_t>({1, 28, 28}),
-               "--model cnn needs inputs of [1, 28, 28]; '" + data.path + "' has " + detail::shape_text(data.sample_shape));
+  MPIDDP_CHECK(
+      data.sample_shape == std::vector<int64_t>({1, 28, 28}),
+      "--model cnn needs inputs of [1, 28, 28]; '" + data.path + "' has " + detail::shape_text(data.sample_shape));
   MPIDDP_CHECK(data.classification && data.num_classes == 10,
                "--model cnn needs 10 classes; '" + data.path + "' has " +
                    (data.classification ? std::to_string(data.num_classes) + " classes" : "regression targets"));
@@ -92,11 +101,11 @@ std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& da
   for (const auto& m : builtin_models()) {
     if (m.name != spec) continue;
     const bool tokens = data.block_size > 0;
-    MPIDDP_CHECK(tokens == m.token_data,
-                 m.token_data ? "--model " + spec + " trains on token data (llm.c shards); '" + data.path +
-                                    "' is an HDF5 dataset"
-                              : "--model " + spec +
-                                    " takes an HDF5 dataset; token data needs --model gpt or a TorchScript model");
+    MPIDDP_CHECK(
+        tokens == m.token_data,
+        m.token_data
+            ? "--model " + spec + " trains on token data (llm.c shards); '" + data.path + "' is an HDF5 dataset"
+            : "--model " + spec + " takes an HDF5 dataset; token data needs --model gpt or a TorchScript model");
     return m.make(data, gpt, init);
   }
   std::string names;

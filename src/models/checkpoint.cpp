@@ -140,8 +140,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     for (const auto& t : wanted) known.insert(t.unsafeGetTensorImpl());
     for (const auto& leaf : leaves_of(outputs)) {
       MPIDDP_CHECK(known.count(leaf.unsafeGetTensorImpl()) != 0,
-                   "checkpoint: the function reads a tensor that needs a gradient (shape " +
-                       c10::str(leaf.sizes()) + ") but is neither an input nor one of the parameters given");
+                   "checkpoint: the function reads a tensor that needs a gradient (shape " + c10::str(leaf.sizes()) +
+                       ") but is neither an input nor one of the parameters given");
     }
     std::vector<torch::Tensor> outs, grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -174,8 +174,9 @@ std::vector<torch::Tensor> checkpoint(const TensorsFunction& fn, const std::vect
 
 torch::Tensor checkpoint(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& input,
                          const std::vector<torch::Tensor>& parameters) {
-  auto outputs = checkpoint([fn](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{fn(in[0])}; },
-                            {input}, parameters);
+  auto outputs =
+      checkpoint([fn](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{fn(in[0])}; }, {input},
+                 parameters);
   return outputs[0];
 }
 

@@ -51,8 +51,8 @@ torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) {
 }
 
 // softmax(q k^T / sqrt(d) + causal mask) v over [B, heads, T, head size].
-torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               double dropout, bool training) {
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout,
+                               bool training) {
   const double p = training ? dropout : 0.0;
 #if MPIDDP_HAS_SDPA
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
@@ -232,22 +232,31 @@ double GptImpl::training_flops_per_sample(int64_t sample_tokens) const {
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
-  MPIDDP_CHECK(idx.dim() == 2, "the GPT takes token ids [batch, time], got " + std::to_string(idx.dim()) + " dimensions");
+  MPIDDP_CHECK(idx.dim() == 2,
+               "the GPT takes token ids [batch, time], got " + std::to_string(idx.dim()) + " dimensions");
   const int64_t t = idx.size(1);
   MPIDDP_CHECK(t <= config_.block_size, "cannot forward a sequence of length " + std::to_string(t) +
                                             ", the block size is only " + std::to_string(config_.block_size));
   // Units (ZeRO stage 3): the embeddings, each block, the head (which reads the embeddings' wte).
   auto& tr = *parts_->transformer;
-  auto x = run_unit(0, [&tr](const torch::Tensor& tokens) {
-    const auto pos = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-    return tr.drop(tr.wte->embed(tokens) + tr.wpe(pos));
-  }, idx);
+  auto x = run_unit(
+      0,
+      [&tr](const torch::Tensor& tokens) {
+        const auto pos =
+            torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+        return tr.drop(tr.wte->embed(tokens) + tr.wpe(pos));
+      },
+      idx);
   for (size_t i = 0; i < tr.h->size(); ++i) {
     auto* block = tr.h[i]->as<BlockImpl>();
-    x = run_unit(i + 1, [this, block](const torch::Tensor& in) {
-          return checkpointing_ ? checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, in, block->parameters())
+    x = run_unit(
+        i + 1,
+        [this, block](const torch::Tensor& in) {
+          return checkpointing_ ? checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, in,
+                                             block->parameters())
                                 : block->forward(in);
-        }, x);
+        },
+        x);
   }
   const size_t head = tr.h->size() + 1;
   return run_unit(head, [this, &tr](const torch::Tensor& in) { return parts_->lm_head->project(tr.ln_f(in)); }, x,

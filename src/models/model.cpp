@@ -94,8 +94,8 @@ class ScriptModel final : public Model {
   }
   torch::Tensor forward(const torch::Tensor& input) override {
     auto out = module_.forward({input});
-    MPIDDP_CHECK(out.isTensor(), "the TorchScript model '" + name_ + "' returned " + out.tagKind() +
-                                     " from forward, not a tensor");
+    MPIDDP_CHECK(out.isTensor(),
+                 "the TorchScript model '" + name_ + "' returned " + out.tagKind() + " from forward, not a tensor");
     return out.toTensor();
   }
   NamedTensors named_parameters() const override {
@@ -128,7 +128,8 @@ const std::string& Model::torchscript_bytes() const {
 }
 
 void Model::init_unit(size_t /*unit*/) {
-  MPIDDP_THROW("the model (" + description() + ") has no units to initialise (deferred initialisation needs a UnitModule)");
+  MPIDDP_THROW("the model (" + description() +
+               ") has no units to initialise (deferred initialisation needs a UnitModule)");
 }
 
 bool has_deferred_parameters(const Model& model) {
@@ -177,7 +178,8 @@ std::shared_ptr<Model> load_torchscript(const std::string& path) {
 }
 
 std::pair<torch::Tensor, torch::Tensor> Model::forward_with_loss(const torch::Tensor&, const torch::Tensor&) {
-  MPIDDP_THROW("the model (" + description() + ") does not compute its own loss (forward(inputs, targets) -> "
+  MPIDDP_THROW("the model (" + description() +
+               ") does not compute its own loss (forward(inputs, targets) -> "
                "(outputs, loss)): train it with a loss function instead");
 }
 
@@ -191,7 +193,7 @@ void load_named(Model& model, const std::map<std::string, torch::Tensor>& tensor
                                                         shape_text(t.sizes()) + " but the tensor given is " +
                                                         shape_text(it->second.sizes()));
       MPIDDP_CHECK(!is_deferred(t), std::string("the model's ") + what + " '" + name +
-                                         "' is deferred (no memory yet): materialise the model before loading into it");
+                                        "' is deferred (no memory yet): materialise the model before loading into it");
       t.copy_(it->second);
     }
   };
@@ -233,7 +235,8 @@ std::vector<torch::Tensor> parameters(const Model& model) {
 
 std::vector<torch::Tensor> trainable_parameters(const Model& model) {
   auto out = parameters(model);
-  out.erase(std::remove_if(out.begin(), out.end(), [](const torch::Tensor& p) { return !p.requires_grad(); }), out.end());
+  out.erase(std::remove_if(out.begin(), out.end(), [](const torch::Tensor& p) { return !p.requires_grad(); }),
+            out.end());
   return out;
 }
 

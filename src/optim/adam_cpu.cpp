@@ -69,9 +69,8 @@ void adam_cpu_step(const torch::Tensor& param, const torch::Tensor& grad, const 
     auto* m = exp_avg.data_ptr<scalar_t>();
     auto* v = exp_avg_sq.data_ptr<scalar_t>();
     auto* vmax = c.amsgrad ? max_exp_avg_sq.data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, param.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-      adam_range(p, g, m, v, vmax, begin, end, c, step);
-    });
+    at::parallel_for(0, param.numel(), 1 << 15,
+                     [&](int64_t begin, int64_t end) { adam_range(p, g, m, v, vmax, begin, end, c, step); });
   });
 }
 

@@ -63,7 +63,8 @@ bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap
     for (auto& p : group.params()) {
       const auto& g = p.grad();
       if (!g.defined()) continue;
-      if (g.is_sparse() || p.is_sparse() || g.scalar_type() != p.scalar_type() || g.device() != p.device()) return false;
+      if (g.is_sparse() || p.is_sparse() || g.scalar_type() != p.scalar_type() || g.device() != p.device())
+        return false;
       if (device && (*device != p.device() || *dtype != p.scalar_type())) return false;
       device = p.device();
       dtype = p.scalar_type();
@@ -110,8 +111,7 @@ bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap
       l.steps.push_back(step_tensor(s.step(), p));
     }
     if (l.params.empty()) continue;
-    run_fused(l, o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(),
-              adamw);
+    run_fused(l, o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), adamw);
   }
   return true;
 }

@@ -66,26 +66,41 @@ const std::vector<std::string> kAdamFields = {"exp_avg", "exp_avg_sq", "max_exp_
 // fused form `Fused` (what `mpiddp train` makes, and what ZeRO keeps when given one).
 template <class Torch, class Fused, class Options, class State>
 OptimizerSpec adam_family(std::string name, std::function<bool(const optim::Optimizer&)> is) {
-  return {std::move(name), 0.001, {"betas", "weight-decay", "weight-decay-params"}, kAdamFields, true, std::move(is),
-          adam_fields<State>, adam_state<State>,
-          [](const optim::Optimizer& like, std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
-            const auto& d = defaults_of<Options>(like);
-            if (dynamic_cast<const Fused*>(&like)) return std::make_unique<Fused>(std::move(groups), d);
-            return std::make_unique<Torch>(std::move(groups), d);
-          },
-          [](const std::vector<torch::Tensor>& params, const OptimizerSettings& s) -> std::shared_ptr<optim::Optimizer> {
-            const auto o = Options(s.lr).betas(s.betas);
-            return std::make_shared<Fused>(param_groups(params, s, o), o);
-          }};
+  return {
+      std::move(name),
+      0.001,
+      {"betas", "weight-decay", "weight-decay-params"},
+      kAdamFields,
+      true,
+      std::move(is),
+      adam_fields<State>,
+      adam_state<State>,
+      [](const optim::Optimizer& like,
+         std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+        const auto& d = defaults_of<Options>(like);
+        if (dynamic_cast<const Fused*>(&like)) return std::make_unique<Fused>(std::move(groups), d);
+        return std::make_unique<Torch>(std::move(groups), d);
+      },
+      [](const std::vector<torch::Tensor>& params, const OptimizerSettings& s) -> std::shared_ptr<optim::Optimizer> {
+        const auto o = Options(s.lr).betas(s.betas);
+        return std::make_shared<Fused>(param_groups(params, s, o), o);
+      }};
 }
 
 }  // namespace
 
 const std::vector<OptimizerSpec>& optimizers() {
   static const std::vector<OptimizerSpec> table = {
-      {"sgd", 0.01, {"momentum", "weight-decay", "weight-decay-params"}, {"momentum_buffer"}, false,
-       [](const optim::Optimizer& o) { return dynamic_cast<const optim::SGD*>(&o) != nullptr; }, sgd_fields, sgd_state,
-       [](const optim::Optimizer& like, std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+      {"sgd",
+       0.01,
+       {"momentum", "weight-decay", "weight-decay-params"},
+       {"momentum_buffer"},
+       false,
+       [](const optim::Optimizer& o) { return dynamic_cast<const optim::SGD*>(&o) != nullptr; },
+       sgd_fields,
+       sgd_state,
+       [](const optim::Optimizer& like,
+          std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
          return std::make_unique<optim::SGD>(std::move(groups), defaults_of<optim::SGDOptions>(like));
        },
        [](const std::vector<torch::Tensor>& params, const OptimizerSettings& s) -> std::shared_ptr<optim::Optimizer> {
@@ -93,7 +108,8 @@ const std::vector<OptimizerSpec>& optimizers() {
                                              optim::SGDOptions(s.lr));
        }},
       adam_family<optim::Adam, FusedAdam, optim::AdamOptions, optim::AdamParamState>(
-          "adam", [](const optim::Optimizer& o) {
+          "adam",
+          [](const optim::Optimizer& o) {
             return dynamic_cast<const optim::Adam*>(&o) != nullptr && dynamic_cast<const optim::AdamW*>(&o) == nullptr;
           }),
       adam_family<optim::AdamW, FusedAdamW, optim::AdamWOptions, optim::AdamWParamState>(

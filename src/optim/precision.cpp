@@ -37,9 +37,10 @@ std::string precision_name(c10::ScalarType precision) {
 }
 
 GradScaler::GradScaler(c10::Device device, GradScalerOptions options) : options_(options) {
-  MPIDDP_CHECK(options_.init_scale > 0 && options_.growth_factor > 1 && options_.backoff_factor > 0 &&
-                   options_.backoff_factor < 1 && options_.growth_interval > 0,
-               "GradScalerOptions: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0");
+  MPIDDP_CHECK(
+      options_.init_scale > 0 && options_.growth_factor > 1 && options_.backoff_factor > 0 &&
+          options_.backoff_factor < 1 && options_.growth_interval > 0,
+      "GradScalerOptions: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0");
   const auto f = torch::TensorOptions().dtype(torch::kFloat).device(device);
   scale_ = torch::full({1}, options_.init_scale, f);
   growth_tracker_ = torch::zeros({1}, f.dtype(torch::kInt));
@@ -53,11 +54,12 @@ GradScaler::GradScaler(c10::Device device, GradScalerOptions options) : options_
     at::_amp_update_scale_(s, g, inf, options_.growth_factor, options_.backoff_factor, options_.growth_interval);
   } catch (const std::exception& e) {
     const std::string why = detail::first_line(e.what());
-    MPIDDP_THROW("fp16 loss scaling is not available on " + device.str() + " with libtorch " +
-                 compat::torch_version() + ": " +
+    MPIDDP_THROW("fp16 loss scaling is not available on " + device.str() + " with libtorch " + compat::torch_version() +
+                 ": " +
                  (why.find("Could not run") != std::string::npos
-                      ? "it has no " + device.str() + " kernels for ATen's _amp_ operations (CPU ones came with libtorch 2.x); "
-                        "on CPU use bf16"
+                      ? "it has no " + device.str() +
+                            " kernels for ATen's _amp_ operations (CPU ones came with libtorch 2.x); "
+                            "on CPU use bf16"
                       : why.substr(0, 200)));
   }
 }

@@ -15,8 +15,9 @@ std::string tune_malloc_for_training(std::size_t mmap_threshold, std::size_t tri
   }
   const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold)) == 1;
   const bool trim_ok = mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim_threshold)) == 1;
-  return std::string("malloc: mmap threshold ") + (mmap_ok ? std::to_string(mmap_threshold >> 20) + " MiB" : "refused") +
-         ", trim threshold " + (trim_ok ? std::to_string(trim_threshold >> 20) + " MiB" : "refused");
+  return std::string("malloc: mmap threshold ") +
+         (mmap_ok ? std::to_string(mmap_threshold >> 20) + " MiB" : "refused") + ", trim threshold " +
+         (trim_ok ? std::to_string(trim_threshold >> 20) + " MiB" : "refused");
 #else
   (void)mmap_threshold;
   (void)trim_threshold;

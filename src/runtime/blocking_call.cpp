@@ -135,6 +135,8 @@ BlockingCall::BlockingCall(std::string what, std::chrono::milliseconds timeout) 
 
 BlockingCall::~BlockingCall() { watchdog().unwatch(id_); }
 
-void end_job_from_watcher(const std::string& what) { end_job(what, current_rank(), mpi_abort_allowed_from_any_thread()); }
+void end_job_from_watcher(const std::string& what) {
+  end_job(what, current_rank(), mpi_abort_allowed_from_any_thread());
+}
 
 }  // namespace mpiddp

@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <thread>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace mpiddp::detail {
 namespace {

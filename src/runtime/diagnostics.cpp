@@ -138,7 +138,6 @@ constexpr int kFloatCount = 1031;  // odd and prime: no power-of-two chunking hi
 constexpr int kIntCount = 17;
 constexpr int kGatherCount = 5;
 
-
 // Each check returns whether this rank saw what the formula predicts.
 bool check_allreduce_sum(MPI_Comm comm, int rank, int size, bool fault) {
   std::vector<double> x(kFloatCount);
@@ -182,8 +181,7 @@ bool check_allgather(MPI_Comm comm, int rank, int size, bool fault) {
   for (int j = 0; j < kGatherCount; ++j) mine[static_cast<size_t>(j)] = rank * 10 + j;
   if (fault) mine[0] = -1;
   std::vector<int32_t> all(static_cast<size_t>(kGatherCount) * static_cast<size_t>(size));
-  MPIDDP_CHECK_MPI(MPI_Allgather(mine.data(), kGatherCount, MPI_INT32_T, all.data(), kGatherCount, MPI_INT32_T,
-                                 comm));
+  MPIDDP_CHECK_MPI(MPI_Allgather(mine.data(), kGatherCount, MPI_INT32_T, all.data(), kGatherCount, MPI_INT32_T, comm));
   for (int r = 0; r < size; ++r) {
     for (int j = 0; j < kGatherCount; ++j) {
       if (all[static_cast<size_t>(r * kGatherCount + j)] != r * 10 + j) return false;

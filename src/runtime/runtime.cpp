@@ -1,25 +1,25 @@
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
-#include <mpiddp/runtime.hpp>
 #include <mpiddp/process_group.hpp>
+#include <mpiddp/runtime.hpp>
 
 #include <ATen/Context.h>
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <thread>
 
-#include "common/check.hpp"
-#include "common/host.hpp"
-#include "common/check_cuda.hpp"
 #include "comm/stall.hpp"
+#include "common/check.hpp"
+#include "common/check_cuda.hpp"
+#include "common/host.hpp"
 #include "runtime/wait.hpp"
 
 namespace mpiddp {
@@ -120,11 +120,16 @@ std::optional<LauncherSize> launcher_world_size(const std::function<const char*(
 
 std::string thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    default: return "unknown thread level " + std::to_string(level);
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "unknown thread level " + std::to_string(level);
   }
 }
 
@@ -187,8 +192,7 @@ Runtime::Runtime(int* argc, char*** argv, const RuntimeOptions& options)
 
   if (options.check_launcher_size && topo_.size == 1) {
     if (auto announced = launcher_world_size(); announced && announced->size > 1) {
-      MPIDDP_THROW("MPI reports a world of 1 rank but " + announced->variable + "=" +
-                   std::to_string(announced->size) +
+      MPIDDP_THROW("MPI reports a world of 1 rank but " + announced->variable + "=" + std::to_string(announced->size) +
                    ": the launcher started independent singletons (srun without PMI support?); "
                    "launch with `srun --mpi=pmix` or `mpirun`");
     }
@@ -275,8 +279,8 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& local,
   int total = 0;
   std::vector<int> displs = displacements(lens, &total);
   std::string all(static_cast<size_t>(total), '\0');
-  MPIDDP_CHECK_MPI(MPI_Igatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
-                                root, comm, &rq));
+  MPIDDP_CHECK_MPI(
+      MPI_Igatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, root, comm, &rq));
   step.wait(rq);
   return split_pieces(all, lens, displs);
 }
@@ -436,9 +440,9 @@ void CollectiveStep::wait(MPI_Request& request) {
     if (waited <= timeout) return;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout).count();
     const std::string who = monitor_ ? monitor_->behind_at_timeout(site) : "a rank has stopped, hung or died";
-    CollectiveTimeout error(describe() + " did not complete within " + std::to_string(seconds) +
-                                " s (MPIDDP_COMM_TIMEOUT): " + who,
-                            __FILE__, __LINE__);
+    CollectiveTimeout error(
+        describe() + " did not complete within " + std::to_string(seconds) + " s (MPIDDP_COMM_TIMEOUT): " + who,
+        __FILE__, __LINE__);
     if (monitor_) error.set_reporter(monitor_->reports_timeout(site));
     throw error;  // still announced as waiting here: the rank stands where it waited
   });

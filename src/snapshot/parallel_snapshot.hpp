@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/check_hdf5.hpp"
+#include "runtime/agreement.hpp"
 #include "snapshot/snapshot_format.hpp"
 
 namespace mpiddp::detail {
@@ -94,6 +95,11 @@ class SnapshotReader {
 
  private:
   struct File;
+  // The constructor's steps, in order (each collective, each failure agreed).
+  void load_whole_file();
+  void open_catalog();
+  void verify_datasets();
+  uint32_t crc_of_share(const std::string& name, const DatasetEntry& d);
   detail::Hid open_dataset(const std::string& name) const;
   void read_through_rank_zero(const std::string& name, const DatasetEntry* d, int64_t first, int64_t count,
                               torch::Tensor& out);
@@ -102,9 +108,9 @@ class SnapshotReader {
   SnapshotIo io_;
   Snapshot meta_;
   std::map<std::string, DatasetEntry> datasets_;
-  std::unique_ptr<File> file_;    ///< format 3: the open HDF5 file (rank 0 only without MPI-IO)
+  std::unique_ptr<File> file_;       ///< format 3: the open HDF5 file (rank 0 only without MPI-IO)
   std::unique_ptr<Snapshot> whole_;  ///< formats 1, 2: the file's tensors, on every rank
-  std::string failed_;               ///< this rank's first failed read
+  LocalFailure failed_;              ///< this rank's first failed read
 };
 
 }  // namespace mpiddp::detail

@@ -40,10 +40,9 @@ void model_to_snapshot(const Model& model, Snapshot& s) {
   for (const auto& [name, t] : model.named_parameters()) s.tensors["model/" + name] = t.detach().cpu();
   for (const auto& [name, t] : model.named_buffers()) s.tensors["model/" + name] = t.detach().cpu();
   // The built-in GPT's shape, whoever trained it (the CLI or the library): `mpiddp generate` reads it.
-  if (const auto gpt = std::dynamic_pointer_cast<GptImpl>(model.module())) s.texts[kGptConfigKey] = gpt->config().to_json();
+  if (const auto gpt = std::dynamic_pointer_cast<GptImpl>(model.module()))
+    s.texts[kGptConfigKey] = gpt->config().to_json();
 }
-
-void model_from_snapshot(Model& model, const Snapshot& s) { load_named(model, s.tensors, "model/"); }
 
 namespace {
 
@@ -81,7 +80,8 @@ void model_parts(const Model& model, const ZeroOptimizer* zero, int rank, int si
                      numel > 0 ? zero->owned_values(it->second) : torch::Tensor()});
   }
   for (const auto& [name, t] : model.named_buffers()) parts.push_back(even_share("model/" + name, t, rank, size));
-  if (const auto gpt = std::dynamic_pointer_cast<GptImpl>(model.module())) meta.texts[kGptConfigKey] = gpt->config().to_json();
+  if (const auto gpt = std::dynamic_pointer_cast<GptImpl>(model.module()))
+    meta.texts[kGptConfigKey] = gpt->config().to_json();
 }
 
 void model_from_reader(Model& model, SnapshotReader& reader) {
@@ -91,8 +91,8 @@ void model_from_reader(Model& model, SnapshotReader& reader) {
       const auto* d = reader.find("model/" + name);
       MPIDDP_CHECK(d, std::string("no tensor for the model's ") + what + " '" + name + "'");
       MPIDDP_CHECK(c10::IntArrayRef(d->shape) == t.sizes(), std::string("the model's ") + what + " '" + name + "' is " +
-                                                            shape_text(t.sizes()) + " but the snapshot's is " +
-                                                            shape_text(d->shape));
+                                                                shape_text(t.sizes()) + " but the snapshot's is " +
+                                                                shape_text(d->shape));
       if (!is_deferred(t)) t.copy_(reader.read_whole("model/" + name));
     }
   };
@@ -142,10 +142,15 @@ void optimizer_parts(const torch::optim::Optimizer& opt, const NamedTensors& par
         why = reason_of(e);
       }
     }
-    const int64_t bytes = allgather_int64(comm, {why.empty() && rank == 0 ? other.tensors.at("optimizer/archive").numel() : -1})[0];
+    const int64_t bytes =
+        allgather_int64(comm, {why.empty() && rank == 0 ? other.tensors.at("optimizer/archive").numel() : -1})[0];
     broadcast_string(comm, why);
     if (bytes < 0) MPIDDP_THROW_AGREED("cannot serialize the optimizer: " + why);
-    parts.push_back({"optimizer/archive", torch::kByte, {bytes}, 0, rank == 0 ? other.tensors.at("optimizer/archive") : torch::Tensor()});
+    parts.push_back({"optimizer/archive",
+                     torch::kByte,
+                     {bytes},
+                     0,
+                     rank == 0 ? other.tensors.at("optimizer/archive") : torch::Tensor()});
     return;
   }
   if (!zero) {  // every rank holds the whole state alike: an even share each
@@ -185,7 +190,8 @@ void optimizer_from_reader(torch::optim::Optimizer& opt, const NamedTensors& par
       }
       if (reader.find(prefix + "step")) whole.tensors[prefix + "step"] = reader.read_whole(prefix + "step");
     }
-    if (!spec && reader.find("optimizer/archive")) whole.tensors["optimizer/archive"] = reader.read_whole("optimizer/archive");
+    if (!spec && reader.find("optimizer/archive"))
+      whole.tensors["optimizer/archive"] = reader.read_whole("optimizer/archive");
     reader.verdict();
     optimizer_from_snapshot(opt, params, whole, device);
     return;
@@ -220,7 +226,10 @@ void rng_parts(MPI_Comm comm, c10::Device device, std::vector<TensorPart>& parts
   const auto mine = bytes_tensor(rng_state_bytes(device));
   const auto sizes = allgather_int64(comm, {mine.numel()});
   for (int r = 0; r < size; ++r) {
-    parts.push_back({"rng/rank" + std::to_string(r), torch::kByte, {sizes[static_cast<size_t>(r)]}, 0,
+    parts.push_back({"rng/rank" + std::to_string(r),
+                     torch::kByte,
+                     {sizes[static_cast<size_t>(r)]},
+                     0,
                      r == rank ? mine : torch::Tensor()});
   }
 }
@@ -303,9 +312,8 @@ constexpr IntKey kIntKeys[] = {{"epoch", &RunPosition::epoch},
                                {"step_in_epoch", &RunPosition::step_in_epoch},
                                {"global_step", &RunPosition::global_step},
                                {"skipped_steps", &RunPosition::skipped}};
-constexpr RealKey kRealKeys[] = {{"epoch_loss_sum", &RunPosition::loss_sum},
-                                 {"epoch_seconds", &RunPosition::seconds},
-                                 {"lr", &RunPosition::lr}};
+constexpr RealKey kRealKeys[] = {
+    {"epoch_loss_sum", &RunPosition::loss_sum}, {"epoch_seconds", &RunPosition::seconds}, {"lr", &RunPosition::lr}};
 // fp16's loss scaler, present only when loss scaling is on (amp_loss_scale > 0).
 constexpr IntKey kScalerInts[] = {{"amp_growth_tracker", &RunPosition::growth_tracker},
                                   {"amp_overflow_steps", &RunPosition::overflow}};

@@ -2,9 +2,9 @@
 // buffers, the optimizer's state and every rank's RNG state, to Snapshot tensors and back.
 #pragma once
 
-#include <mpiddp/snapshot.hpp>
 #include <mpiddp/gpt.hpp>
 #include <mpiddp/model.hpp>
+#include <mpiddp/snapshot.hpp>
 
 #include <mpi.h>
 #include <torch/torch.h>
@@ -19,14 +19,13 @@ class ZeroOptimizer;
 
 namespace mpiddp::detail {
 
-struct TensorPart;      // parallel_snapshot.hpp
+struct TensorPart;  // parallel_snapshot.hpp
 class SnapshotReader;
 
 /// The text key of the built-in GPT's shape (GptConfig::to_json) in a snapshot of one.
 constexpr const char* kGptConfigKey = "gpt_config";
 /// "model/<name>" for every parameter and buffer; the GPT's shape under kGptConfigKey.
 void model_to_snapshot(const Model& model, Snapshot& s);
-void model_from_snapshot(Model& model, const Snapshot& s);
 
 // What each rank writes of a run into its one snapshot file, and reads back (parallel_snapshot.hpp).
 /// "model/<name>": an even share of every parameter and buffer (ZeRO stage 3's sharded parameters:

@@ -1,5 +1,5 @@
-#include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/snapshot.hpp>
 
 #include <fcntl.h>
 #include <hdf5.h>
@@ -67,7 +67,8 @@ uint32_t checksum(const Snapshot& s) {
 std::vector<char> file_image(const Snapshot& s) {
   Hid fapl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
   MPIDDP_CHECK_HDF5(H5Pset_fapl_core(fapl.get(), 1 << 20, 0));
-  Hid f(MPIDDP_CHECK_HDF5(H5Fcreate("/dev/null/mpiddp-new-snapshot", H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get())), H5Fclose);
+  Hid f(MPIDDP_CHECK_HDF5(H5Fcreate("/dev/null/mpiddp-new-snapshot", H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get())),
+        H5Fclose);
   Hid lcpl(MPIDDP_CHECK_HDF5(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
   MPIDDP_CHECK_HDF5(H5Pset_create_intermediate_group(lcpl.get(), 1));
   for (const auto& [name, tensor] : s.tensors) {
@@ -77,8 +78,8 @@ std::vector<char> file_image(const Snapshot& s) {
     Hid space(MPIDDP_CHECK_HDF5(dims.empty() ? H5Screate(H5S_SCALAR)
                                              : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)),
               H5Sclose);
-    Hid d(MPIDDP_CHECK_HDF5(H5Dcreate2(f.get(), name.c_str(), dt.file_type, space.get(), lcpl.get(), H5P_DEFAULT,
-                                       H5P_DEFAULT)),
+    Hid d(MPIDDP_CHECK_HDF5(
+              H5Dcreate2(f.get(), name.c_str(), dt.file_type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT)),
           H5Dclose);
     if (c.numel() > 0) MPIDDP_CHECK_HDF5(H5Dwrite(d.get(), dt.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, c.data_ptr()));
     write_text_attr(d.get(), kDtypeAttr, dt.name);
@@ -96,7 +97,8 @@ std::vector<char> file_image(const Snapshot& s) {
   const ssize_t size = MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), nullptr, 0));
   std::vector<char> image(kUserBlock + static_cast<size_t>(size));
   MPIDDP_CHECK_HDF5(H5Fget_file_image(f.get(), image.data() + kUserBlock, static_cast<size_t>(size)));
-  const auto block = user_block(kWholeFileFormat, image.size(), crc_of(image.data() + kUserBlock, image.size() - kUserBlock));
+  const auto block =
+      user_block(kWholeFileFormat, image.size(), crc_of(image.data() + kUserBlock, image.size() - kUserBlock));
   std::copy(block.begin(), block.end(), image.begin());
   return image;
 }
@@ -137,7 +139,8 @@ Snapshot read_open(hid_t f, const std::string& name) {
     auto t = torch::empty(d.shape, d.dtype->type);
     if (t.numel() > 0) {
       const Hid dataset(H5Dopen2(f, path.c_str(), H5P_DEFAULT), H5Dclose);
-      if (dataset.get() < 0 || H5Dread(dataset.get(), d.dtype->mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0) {
+      if (dataset.get() < 0 ||
+          H5Dread(dataset.get(), d.dtype->mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0) {
         fail("is damaged: dataset /" + path + ": " + hdf5_error_text());
       }
     }
@@ -188,11 +191,13 @@ Snapshot read_snapshot_image(const std::vector<char>& image, const std::string& 
     const std::string magic = std::string(kSnapshotFormat) + " ";
     MPIDDP_CHECK(image.size() < magic.size() ? std::equal(image.begin(), image.end(), magic.begin())
                                              : std::equal(magic.begin(), magic.end(), image.begin()),
-                 "snapshot '" + name + "' is not an mpiddp snapshot (it starts neither with mpiddp's header nor with HDF5's signature)");
+                 "snapshot '" + name +
+                     "' is not an mpiddp snapshot (it starts neither with mpiddp's header nor with HDF5's signature)");
     // Before HDF5 reads a byte of it: format 3's layout, or format 2's whole-file CRC.
     const std::string first(image.data(), std::min(image.size(), kUserBlock));
     if (layout_header_size(first) > 0) {
-      verify_layout(name, image.size(), [&](uint64_t at, uint64_t n, char* into) { std::memcpy(into, image.data() + at, n); });
+      verify_layout(name, image.size(),
+                    [&](uint64_t at, uint64_t n, char* into) { std::memcpy(into, image.data() + at, n); });
     } else {
       Header header;
       verify_image(image, name, header);
@@ -204,8 +209,8 @@ Snapshot read_snapshot_image(const std::vector<char>& image, const std::string& 
   // The core driver refuses a name that exists on disk when given an image: use one that cannot.
   const std::string memory_name = "/dev/null/mpiddp-image/" + name;
   const hid_t f = H5Fopen(memory_name.c_str(), H5F_ACC_RDONLY, fapl.get());
-  MPIDDP_CHECK(f >= 0, "snapshot '" + name + "' is not a readable HDF5 file (truncated or damaged: " +
-                           detail::hdf5_error_text() + ")");
+  MPIDDP_CHECK(f >= 0, "snapshot '" + name +
+                           "' is not a readable HDF5 file (truncated or damaged: " + detail::hdf5_error_text() + ")");
   Hid file(f, H5Fclose);
   return read_open(file.get(), name);
 }

@@ -2,8 +2,8 @@
 
 #include <mpiddp/error.hpp>
 
-#include <nlohmann/json.hpp>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -16,14 +16,13 @@ namespace mpiddp::detail {
 namespace {
 
 const std::vector<DtypeInfo>& dtypes() {
-  static const std::vector<DtypeInfo> all = {
-          {torch::kFloat, "float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT},
-          {torch::kDouble, "float64", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE},
-          {torch::kBFloat16, "bfloat16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
-          {torch::kHalf, "float16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
-          {torch::kInt, "int32", H5T_STD_I32LE, H5T_NATIVE_INT32},
-          {torch::kLong, "int64", H5T_STD_I64LE, H5T_NATIVE_INT64},
-          {torch::kByte, "uint8", H5T_STD_U8LE, H5T_NATIVE_UINT8}};
+  static const std::vector<DtypeInfo> all = {{torch::kFloat, "float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT},
+                                             {torch::kDouble, "float64", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE},
+                                             {torch::kBFloat16, "bfloat16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
+                                             {torch::kHalf, "float16", H5T_STD_U16LE, H5T_NATIVE_UINT16},
+                                             {torch::kInt, "int32", H5T_STD_I32LE, H5T_NATIVE_INT32},
+                                             {torch::kLong, "int64", H5T_STD_I64LE, H5T_NATIVE_INT64},
+                                             {torch::kByte, "uint8", H5T_STD_U8LE, H5T_NATIVE_UINT8}};
   return all;
 }
 
@@ -94,7 +93,8 @@ std::string layout_block(const Layout& l) {
   const nlohmann::json j = {{"bytes", l.file_bytes}, {"structure_crc32", l.structure_crc}, {"raw", l.raw}};
   std::string block = std::string(kSnapshotFormat) + " " + std::to_string(kParallelFormat) + " header " +
                       std::to_string(l.header_bytes) + "\n" + j.dump() + "\n";
-  MPIDDP_CHECK(block.size() <= l.header_bytes, "snapshot header overflows its " + std::to_string(l.header_bytes) + " bytes");
+  MPIDDP_CHECK(block.size() <= l.header_bytes,
+               "snapshot header overflows its " + std::to_string(l.header_bytes) + " bytes");
   block.resize(l.header_bytes, '\0');
   return block;
 }
@@ -138,7 +138,10 @@ uint32_t structure_crc(const Layout& l, const std::function<void(uint64_t, uint6
     }
   };
   for (const auto& [offset, bytes] : l.raw) {
-    MPIDDP_CHECK(offset >= at && offset + bytes <= l.file_bytes, "its layout header names overlapping or outside extents (" + std::to_string(offset) + "+" + std::to_string(bytes) + " after " + std::to_string(at) + " of " + std::to_string(l.file_bytes) + ")");
+    MPIDDP_CHECK(offset >= at && offset + bytes <= l.file_bytes,
+                 "its layout header names overlapping or outside extents (" + std::to_string(offset) + "+" +
+                     std::to_string(bytes) + " after " + std::to_string(at) + " of " + std::to_string(l.file_bytes) +
+                     ")");
     add_until(offset);
     at = offset + bytes;
   }
@@ -152,7 +155,8 @@ void verify_layout(const std::string& name, uint64_t size, const std::function<v
   read(0, first.size(), first.data());
   const uint64_t header = layout_header_size(first);
   if (header == 0 || header > size) {
-    if (header > size || size < kUserBlock) fail("is truncated: " + std::to_string(size) + " bytes, less than its header");
+    if (header > size || size < kUserBlock)
+      fail("is truncated: " + std::to_string(size) + " bytes, less than its header");
     fail("is damaged: its header is not one mpiddp writes");
   }
   std::string block(header, '\0');
@@ -170,7 +174,9 @@ void verify_layout(const std::string& name, uint64_t size, const std::function<v
     fail("is damaged: " + e.message());
   }
   if (crc != l.structure_crc) {
-    fail("is corrupt: the CRC-32 of its HDF5 structure does not match the one in its header (damaged on disk or in transit)");
+    fail(
+        "is corrupt: the CRC-32 of its HDF5 structure does not match the one in its header (damaged on disk or in "
+        "transit)");
   }
 }
 
@@ -307,8 +313,10 @@ Catalog read_catalog(hid_t f, const std::string& name) {
       link.resize(static_cast<size_t>(len));
       const std::string path = prefix + link;
       Hid obj(MPIDDP_CHECK_HDF5(H5Oopen(group, link.c_str(), H5P_DEFAULT)), H5Oclose);
-      if (H5Iget_type(obj.get()) == H5I_GROUP) walk(obj.get(), path + "/");
-      else if (H5Iget_type(obj.get()) == H5I_DATASET) c.datasets[path] = read_entry(obj.get(), path);
+      if (H5Iget_type(obj.get()) == H5I_GROUP)
+        walk(obj.get(), path + "/");
+      else if (H5Iget_type(obj.get()) == H5I_DATASET)
+        c.datasets[path] = read_entry(obj.get(), path);
     }
   };
   try {

@@ -2,11 +2,11 @@
 // rank its own part of one file, and how a run resumes from one (every rank verifies it with the
 // others and reads what it needs: under ZeRO only its own slices of the optimizer's state, and of a
 // deferred model's parameters at stage 3).
-#include <mpiddp/snapshot.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/process_group.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
 
@@ -16,10 +16,10 @@
 
 #include "common/host.hpp"
 #include "common/text.hpp"
-#include "train/agreed.hpp"
-#include "train/run_position.hpp"
+#include "runtime/agreement.hpp"
 #include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_codec.hpp"
+#include "train/run_position.hpp"
 
 namespace mpiddp {
 
@@ -82,14 +82,9 @@ std::string Trainer::save(const detail::RunPosition& p, const ZeroOptimizer* zer
   } catch (const AgreedError& e) {  // anything else (a timeout) is not every rank's: it propagates
     MPIDDP_THROW_AGREED(e.message() + " (the previous snapshot is intact)");
   }
-  std::string status;
-  if (rank == 0) {
-    try {
-      dir.publish(path, o.keep);
-    } catch (const std::exception& e) {
-      status = detail::reason_of(e);
-    }
-  }
+  detail::LocalFailure published;  // rank 0's alone: its verdict is broadcast
+  if (rank == 0) published.run([&] { dir.publish(path, o.keep); });
+  std::string status = published.reason();
   broadcast_string(runtime_.world(), status);
   if (!status.empty()) MPIDDP_THROW_AGREED(status + " (the previous snapshot is intact)");
   return path;
@@ -125,7 +120,7 @@ std::string incompatibility(const Snapshot& s, const std::string& fingerprint, c
 }  // namespace
 
 std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<void(const std::string&)>& note,
-                                                        std::string* from, detail::RunPosition& p) {
+                                                         std::string* from, detail::RunPosition& p) {
   const auto& o = options_;
   if (o.resume == "never") return nullptr;
   // Rank 0 names the candidates (the directory is every rank's: snapshots are written by all);
@@ -133,7 +128,8 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
   const bool automatic = o.resume == "auto";
   std::string listed;
   if (runtime_.rank() == 0) {
-    if (!automatic) listed = o.resume;
+    if (!automatic)
+      listed = o.resume;
     else if (!o.snapshot_dir.empty()) {
       for (const auto& path : SnapshotDir(o.snapshot_dir).list()) listed += path + "\n";
     }
@@ -180,9 +176,9 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
     if (note) {
       note("note: the snapshot was taken at " + std::to_string(saved_world) + " rank(s) x batch " +
            std::to_string(saved_batch) + "; continuing at " + std::to_string(runtime_.size()) + " x " +
-           std::to_string(o.samples_per_step()) + (saved_world * saved_batch == global_batch
-                                                ? " (same global batch: same global data order)"
-                                                : " (another global batch: another data order)"));
+           std::to_string(o.samples_per_step()) +
+           (saved_world * saved_batch == global_batch ? " (same global batch: same global data order)"
+                                                      : " (another global batch: another data order)"));
     }
   }
   if (note) {

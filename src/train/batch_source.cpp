@@ -9,7 +9,8 @@
 namespace mpiddp::detail {
 
 DistributedSampler sampler_for(const SampleSet& data, const TrainerOptions& options, const Runtime& runtime) {
-  return DistributedSampler(data.size(), runtime.rank(), runtime.size(), options.shuffle, options.seed, options.drop_last);
+  return DistributedSampler(data.size(), runtime.rank(), runtime.size(), options.shuffle, options.seed,
+                            options.drop_last);
 }
 
 namespace {

@@ -9,7 +9,8 @@ LossFn cross_entropy_loss() {
   return [](const torch::Tensor& out, const torch::Tensor& y) {
     namespace F = torch::nn::functional;
     if (out.dim() <= 2) return F::cross_entropy(out, y);
-    return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}), F::CrossEntropyFuncOptions().ignore_index(-1));
+    return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}),
+                            F::CrossEntropyFuncOptions().ignore_index(-1));
   };
 }
 

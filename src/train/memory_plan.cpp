@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -38,7 +39,8 @@ std::string MemoryPlan::against(const std::vector<int64_t>& rank_peaks, int64_t 
   const auto top = std::max_element(rank_peaks.begin(), rank_peaks.end());
   const auto least = std::min_element(rank_peaks.begin(), rank_peaks.end());
   char ratio[32];
-  std::snprintf(ratio, sizeof ratio, "%.2f", static_cast<double>(*top) / static_cast<double>(std::max<int64_t>(1, peak())));
+  std::snprintf(ratio, sizeof ratio, "%.2f",
+                static_cast<double>(*top) / static_cast<double>(std::max<int64_t>(1, peak())));
   std::ostringstream out;
   out << "memory: measured peak " << mib(*top) << " MiB per rank (rank " << top - rank_peaks.begin();
   if (rank_peaks.size() > 1) out << "; the least " << mib(*least) << ", rank " << least - rank_peaks.begin();
@@ -65,7 +67,7 @@ namespace {
 
 // Stage 3's units, largest first (none below stage 3).
 std::vector<int64_t> sharded_units(const PlanInputs& in) {
-  std::vector<int64_t> units = in.zero_stage == 3 ? in.units : std::vector<int64_t>{};
+  std::vector<int64_t> units = in.units;
   std::sort(units.rbegin(), units.rend());
   return units;
 }
@@ -169,8 +171,6 @@ int64_t probe_activations(const PlannedRun& run, int64_t gradient_bytes, Distrib
 
 MemoryPlan plan_from(const PlanInputs& in) {
   MemoryPlan plan;
-  const auto units = sharded_units(in);
-  const int64_t unit_bytes = std::accumulate(units.begin(), units.end(), int64_t{0});
   // Stage 3 keeps 1/N of its units' parameters and the units gathered at the moment.
   plan.parameters = sharded_model_bytes(in) + gathered_unit_bytes(in);
   plan.process = std::max<int64_t>(0, in.resident - (in.model_resident >= 0 ? in.model_resident : in.model_bytes));
@@ -179,13 +179,9 @@ MemoryPlan plan_from(const PlanInputs& in) {
   if (in.zero_stage >= 2) {
     // The owned slice of each averaged bucket; whole, at worst the largest buckets: one being
     // filled and those being reduce-scattered (DDP bounds them), these with what the backend holds
-    // while reducing them. The buckets: each unit one of its own whatever the cap, the other
-    // parameters by the cap (the few largest of them suffice here).
+    // while reducing them.
     const size_t whole = kTransientBuffersInFlight + 1;
-    const int64_t cap = std::max<int64_t>(1, in.bucket_cap), rest = in.trainable_bytes - unit_bytes;
-    std::vector<int64_t> buckets = units;
-    buckets.insert(buckets.end(), static_cast<size_t>(std::min<int64_t>(rest / cap, whole)), cap);
-    if (rest % cap > 0) buckets.push_back(rest % cap);
+    std::vector<int64_t> buckets = in.buckets;
     std::sort(buckets.rbegin(), buckets.rend());
     plan.gradients = shard;
     for (size_t k = 0; k < std::min(buckets.size(), whole); ++k) {
@@ -202,6 +198,35 @@ MemoryPlan plan_from(const PlanInputs& in) {
     plan.snapshot_buffers = in.snapshot_through_rank_zero ? in.largest_tensor : kParallelIoFromBytes;
   }
   return plan;
+}
+
+// Each gradient bucket's bytes as DDP assigns them (its own rule, assign_buckets): the trainable
+// parameters in its order, bucketed by the cap in force, the sharding's groups apart.
+std::vector<int64_t> gradient_buckets(const PlannedRun& run, int64_t trainable_bytes) {
+  const auto& o = run.options;
+  const auto params = trainable_parameters(run.model);
+  std::map<const void*, int> group;
+  const auto groups = run.sharding.bucket_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& p : groups[g]) group.emplace(p.unsafeGetTensorImpl(), static_cast<int>(g));
+  }
+  std::vector<int64_t> numels;
+  std::vector<c10::ScalarType> dtypes;
+  std::vector<int> group_of;
+  for (const auto& p : params) {
+    numels.push_back(p.numel());
+    dtypes.push_back(p.scalar_type());
+    const auto it = group.find(p.unsafeGetTensorImpl());
+    group_of.push_back(it == group.end() ? -1 : it->second);
+  }
+  const int64_t cap = o.ddp.bucket_cap_bytes != kAutoBucketCap
+                          ? o.ddp.bucket_cap_bytes
+                          : zero_reduction(o.zero_stage)->bucket_cap(trainable_bytes);
+  std::vector<int64_t> out;
+  for (const auto& b : assign_buckets(numels, dtypes, cap, o.ddp.first_bucket_cap_bytes, group_of)) {
+    out.push_back(b.numel * static_cast<int64_t>(c10::elementSize(b.dtype)));
+  }
+  return out;
 }
 
 MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded, int64_t resident_before_sharding) {
@@ -223,16 +248,11 @@ MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded, int
   for (const auto& p : trainable_parameters(run.model)) in.trainable_bytes += bytes_of(p);
   in.world = run.pg.size();
   in.zero_stage = o.zero_stage;
-  if (o.zero_stage == 3) {
-    for (const auto& unit : run.model.units()) {
-      in.units.push_back(0);
-      for (const auto& p : unit) in.units.back() += p.requires_grad() ? bytes_of(p) : 0;
-    }
-  }
-  in.prefetch = o.zero.prefetch;
-  in.reshard_after_forward = o.zero.reshard_after_forward;
-  in.bucket_cap = o.ddp.bucket_cap_bytes != kAutoBucketCap ? o.ddp.bucket_cap_bytes
-                                                          : zero_reduction(o.zero_stage)->bucket_cap(in.trainable_bytes);
+  const UnitsPlan units = run.sharding.units_plan();
+  in.units = units.unit_bytes;
+  in.prefetch = units.prefetch;
+  in.reshard_after_forward = units.reshard_after_forward;
+  in.buckets = gradient_buckets(run, in.trainable_bytes);
   in.reduce_scatter_scratch = [&pg = run.pg](int64_t bytes) { return pg.reduce_scatter_scratch_bytes(bytes); };
   in.state_fields = state_fields(run.optimizer);
   in.snapshots = detail::SnapshotPolicy(o).enabled();

@@ -11,12 +11,12 @@ struct RunPosition {
   int64_t epoch = 0;          ///< the epoch in progress (0-based)
   int64_t step_in_epoch = 0;  ///< its steps already taken
   int64_t global_step = 0;
-  double loss_sum = 0;        ///< sum of its steps' losses so far
-  double seconds = 0;         ///< its training time so far
-  int64_t skipped = 0;        ///< steps skipped for a NaN/Inf loss, in all
+  double loss_sum = 0;  ///< sum of its steps' losses so far
+  double seconds = 0;   ///< its training time so far
+  int64_t skipped = 0;  ///< steps skipped for a NaN/Inf loss, in all
   double lr = 0;
-  int64_t overflow = 0;       ///< fp16: steps loss scaling skipped, in all
-  double loss_scale = 0;      ///< fp16: the scaler's state (0: none saved)
+  int64_t overflow = 0;   ///< fp16: steps loss scaling skipped, in all
+  double loss_scale = 0;  ///< fp16: the scaler's state (0: none saved)
   int64_t growth_tracker = 0;
 
   /// After a step: one more in the epoch and in all.
@@ -40,7 +40,9 @@ struct RunPlan {
 
   /// `epochs_` 0: as many passes as `max_steps` takes (the last one cut short), or one without it.
   RunPlan(int64_t epochs_, int64_t steps_per_epoch_, int64_t max_steps)
-      : epochs(epochs_ > 0 ? epochs_ : max_steps > 0 ? (max_steps + steps_per_epoch_ - 1) / steps_per_epoch_ : 1),
+      : epochs(epochs_ > 0     ? epochs_
+               : max_steps > 0 ? (max_steps + steps_per_epoch_ - 1) / steps_per_epoch_
+                               : 1),
         steps_per_epoch(steps_per_epoch_),
         total_steps(max_steps > 0 ? std::min(max_steps, epochs * steps_per_epoch_) : epochs * steps_per_epoch_) {}
 

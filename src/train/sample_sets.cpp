@@ -8,10 +8,12 @@
 namespace mpiddp {
 
 std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const TrainerOptions& o) {
-  const bool hdf5 = o.data_format == "hdf5" ||
-                    (o.data_format == "auto" && (detail::ends_with(source, ".h5") || detail::ends_with(source, ".hdf5")));
+  const bool hdf5 =
+      o.data_format == "hdf5" ||
+      (o.data_format == "auto" && (detail::ends_with(source, ".h5") || detail::ends_with(source, ".hdf5")));
   if (hdf5) return std::make_unique<H5Dataset>(source);
-  MPIDDP_CHECK(o.block_size > 0, "token data '" + source + "' needs a block size (TrainerOptions::block_size, "
+  MPIDDP_CHECK(o.block_size > 0, "token data '" + source +
+                                     "' needs a block size (TrainerOptions::block_size, "
                                      "--block-size): the tokens of each sample's input");
   const auto format = o.data_format == "raw-uint16" ? TokenFormat::kRawUint16 : TokenFormat::kLlmc;
   auto stream = std::make_shared<const TokenStream>(detail::split_list(source), format);

@@ -30,11 +30,11 @@ void StepAgreement::post(const torch::Tensor& loss) {
 StepAgreement::Verdict StepAgreement::settle() {
   if (!direct_) staging_.copy_(slots_);
   Verdict v;
-  if (flags_[0] > 0 || flags_[1] > 0) {  // rare: which signal, which rank
+  if (flags_[0] > 0 || flags_[1] > 0) {                       // rare: which signal, which rank
     const bool finite = std::isfinite(loss_.item<double>());  // the step is over: no wait
-    auto flags = torch::tensor({static_cast<int64_t>(pending_signal_), finite ? int64_t{0} : pg_.rank() + 1},
-                               torch::kLong)
-                     .to(slots_.device());
+    auto flags =
+        torch::tensor({static_cast<int64_t>(pending_signal_), finite ? int64_t{0} : pg_.rank() + 1}, torch::kLong)
+            .to(slots_.device());
     pg_.allreduce(flags, ReduceOp::kMax);
     flags = flags.cpu();
     v.stop_signal = static_cast<int>(flags[0].item<int64_t>());

@@ -9,8 +9,8 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 
-#include <filesystem>
 #include <unistd.h>
+#include <filesystem>
 #include <iostream>
 #include <set>
 
@@ -46,8 +46,8 @@ StepProfiler::StepProfiler(const TrainerOptions& options, int rank)
   // A libtorch built without Kineto (USE_KINETO=0: Debian's 1.13) starts and stops the profiler but
   // cannot save a trace: an empty session saved to a scratch file finds out now, alike on every
   // rank (the same libtorch), instead of at the window's end.
-  const auto scratch = std::filesystem::temp_directory_path() /
-                       ("mpiddp-profile-probe-" + std::to_string(::getpid()) + ".json");
+  const auto scratch =
+      std::filesystem::temp_directory_path() / ("mpiddp-profile-probe-" + std::to_string(::getpid()) + ".json");
   try {
     start_session(cuda_);
     kineto::disableProfiler()->save(scratch.string());
@@ -55,8 +55,9 @@ StepProfiler::StepProfiler(const TrainerOptions& options, int rank)
   } catch (const std::exception& e) {
     std::error_code ignored;
     std::filesystem::remove(scratch, ignored);
-    MPIDDP_THROW_AGREED(std::string("--profile needs libtorch's profiler with Kineto (USE_KINETO=1), which this libtorch ") +
-                        compat::torch_version() + " cannot use: " + reason_of(e));
+    MPIDDP_THROW_AGREED(
+        std::string("--profile needs libtorch's profiler with Kineto (USE_KINETO=1), which this libtorch ") +
+        compat::torch_version() + " cannot use: " + reason_of(e));
   }
 }
 

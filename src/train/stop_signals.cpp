@@ -40,9 +40,12 @@ void StopSignals::stopping(int signo) { g_stop_signal = static_cast<std::sig_ato
 
 const char* signal_name(int signo) {
   switch (signo) {
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    default: return "a signal";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return "a signal";
   }
 }
 

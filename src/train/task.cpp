@@ -16,9 +16,9 @@ class Classification : public Task {
  public:
   void check_outputs(const torch::Tensor& out, const torch::Tensor& targets) const override {
     const int64_t n = targets.size(0);
-    MPIDDP_CHECK(out.dim() == 2 && out.size(0) == n,
-                 "the model's outputs for " + std::to_string(n) + " samples are " + shape_text(out.sizes()) +
-                     "; class labels need [" + std::to_string(n) + ", classes]");
+    MPIDDP_CHECK(out.dim() == 2 && out.size(0) == n, "the model's outputs for " + std::to_string(n) + " samples are " +
+                                                         shape_text(out.sizes()) + "; class labels need [" +
+                                                         std::to_string(n) + ", classes]");
   }
   LossFn default_loss() const override { return cross_entropy_loss(); }
 };

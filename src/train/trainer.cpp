@@ -1,86 +1,60 @@
-// The Trainer: construction (every check that needs no other rank), evaluation and the training
-// loop, fit(), as a sequence of phases, each in its own unit with its cross-rank contract:
+// The Trainer: construction (every check that needs no other rank) and the training loop, fit(), as
+// a sequence of phases, each in its own unit with its cross-rank contract:
 //   BatchSource (batch_source.hpp)  the step's batch: cached slices, file reads, a reader thread
-//   micro_steps()                   forward and backward; the last backward reduces the gradients
+//   micro_steps (micro_steps.hpp)   forward and backward; the last backward reduces the gradients
 //   StepAgreement                   stop signal and non-finite loss: one verdict for all ranks
 //   Update (update.hpp)             fp16 unscale, clipping, the optimizer's step
 //   ProgressLog (progress_log.hpp)  progress lines, metrics JSON, TensorBoard
 //   SnapshotPolicy                  when to write a snapshot (snapshot/trainer_snapshot.cpp writes it)
-// Option rules are in trainer_options.cpp, the task in task.cpp, losses in loss.cpp, schedules in
-// lr_schedule.cpp.
-#include <mpiddp/snapshot.hpp>
+//   evaluate (evaluation.hpp)       the test set after each epoch
+// Every forward and its loss go through ForwardLoss (forward_loss.hpp); the model is checked against
+// the data by model_check.hpp. Option rules are in trainer_options.cpp, the task in task.cpp, losses in
+// loss.cpp, schedules in lr_schedule.cpp.
 #include <mpiddp/backends.hpp>
-#include <mpiddp/compat.hpp>
-#include <mpiddp/config.hpp>
-#include <mpiddp/checkpoint.hpp>
-#include <mpiddp/diagnostics.hpp>
 #include <mpiddp/error.hpp>
-#include <mpiddp/flops.hpp>
+#include <mpiddp/snapshot.hpp>
 #include <mpiddp/trainer.hpp>
-#include <mpiddp/units.hpp>
 #include <mpiddp/zero.hpp>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <set>
+#include <tuple>
 
 #include "common/host.hpp"
 #include "common/text.hpp"
-#include "train/agreed.hpp"
-#include "train/batch_source.hpp"
-#include "train/memory_plan.hpp"
 #include "log/progress_log.hpp"
-#include "train/run_position.hpp"
 #include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_policy.hpp"
+#include "train/batch_source.hpp"
+#include "train/epoch_clock.hpp"
+#include "train/evaluation.hpp"
+#include "train/forward_loss.hpp"
+#include "train/memory_plan.hpp"
+#include "train/micro_steps.hpp"
+#include "train/model_check.hpp"
+#include "train/run_position.hpp"
 #include "train/step_agreement.hpp"
 #include "train/step_profiler.hpp"
-#include "train/task.hpp"
 #include "train/stop_signals.hpp"
+#include "train/task.hpp"
 #include "train/update.hpp"
+#include "zero/model_sharding.hpp"
 
 namespace mpiddp {
 
-using detail::first_line;
 using detail::RunPlan;
 using detail::RunPosition;
 using detail::shape_text;
-
-namespace {
-
-// A step's rows as `k` micro-batches of equal size, in order.
-std::vector<Example> split_micro_batches(const Example& step, int64_t k) {
-  if (k == 1) return {step};
-  const int64_t rows = step.inputs.size(0) / k;
-  std::vector<Example> out;
-  for (int64_t i = 0; i < k; ++i) out.push_back({step.inputs.narrow(0, i * rows, rows), step.targets.narrow(0, i * rows, rows)});
-  return out;
-}
-
-// Training time of an epoch, without the snapshots written during it.
-class EpochClock {
- public:
-  /// Seconds since the start or the last lap, and a new lap starts.
-  double lap() {
-    const auto now = std::chrono::steady_clock::now();
-    const double s = std::chrono::duration<double>(now - since_).count();
-    since_ = now;
-    return s;
-  }
-  void restart() { since_ = std::chrono::steady_clock::now(); }
-
- private:
-  std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
-};
-
-}  // namespace
 
 // ---- construction: every check that needs no other rank ----------------------------------------
 
 Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, std::shared_ptr<Model> model,
                  std::shared_ptr<torch::optim::Optimizer> optimizer, TrainerOptions options)
-    : Trainer(runtime, pg, [&](const DatasetInfo&) { return ModelAndOptimizer{model, optimizer}; }, std::move(options)) {}
+    : Trainer(
+          runtime, pg,
+          [&](const DatasetInfo&) {
+            return ModelAndOptimizer{model, optimizer};
+          },
+          std::move(options)) {}
 
 Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& make, TrainerOptions options)
     : runtime_(runtime), pg_(pg), options_(std::move(options)) {
@@ -89,11 +63,13 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& m
   adopt(make(train_->info()));
   const auto& o = options_;
   steps_per_epoch_ = detail::sampler_for(*train_, o, runtime).num_samples() / o.samples_per_step();
-  MPIDDP_CHECK(steps_per_epoch_ > 0, "fewer samples than ranks x batch: " + std::to_string(train_->info().samples) +
-                                         " samples cannot fill one batch of " + std::to_string(o.batch_size) +
-                                         (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") +
-                                         " on each of " + std::to_string(runtime.size()) + " ranks");
-  throughput_ = std::make_unique<detail::Throughput>(detail::throughput_of(o, *model_, task_->tokens_per_sample(), runtime));
+  MPIDDP_CHECK(steps_per_epoch_ > 0,
+               "fewer samples than ranks x batch: " + std::to_string(train_->info().samples) +
+                   " samples cannot fill one batch of " + std::to_string(o.batch_size) +
+                   (o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-steps" : "") + " on each of " +
+                   std::to_string(runtime.size()) + " ranks");
+  throughput_ =
+      std::make_unique<detail::Throughput>(detail::throughput_of(o, *model_, task_->tokens_per_sample(), runtime));
   // Rank 0's files, last: every check above has passed before anything is created (a deferred
   // model's check against the data waits for fit(), which shards it first).
   logs_ = std::make_unique<detail::RunLogs>(o, runtime.rank());
@@ -102,7 +78,8 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& m
 void Trainer::check_options() const {
   const auto& o = options_;
   o.validate(nullptr, runtime_.rank());
-  if (o.precision == c10::kHalf) [[maybe_unused]] GradScaler check(o.device, o.loss_scaling);  // throws where it cannot
+  if (o.precision == c10::kHalf) [[maybe_unused]]
+    GradScaler check(o.device, o.loss_scaling);  // throws where it cannot
   check_backend(pg_.backend(), o.device, runtime_, "TrainerOptions::device " + o.device.str());
   MPIDDP_CHECK(pg_.size() == runtime_.size() && pg_.rank() == runtime_.rank(),
                "the Trainer's process group must span the runtime's ranks");
@@ -123,10 +100,10 @@ void Trainer::open_data() {
   test_ = open_sample_set(o.test_data, o);
   test_->cache(o.cache_bytes);
   const auto& t = test_->info();
-  MPIDDP_CHECK(t.sample_shape == info.sample_shape && t.classification == info.classification &&
-                   t.target_dim == info.target_dim,
-               "test set '" + o.test_data + "' does not match the training set: inputs " + shape_text(t.sample_shape) +
-                   " vs " + shape_text(info.sample_shape));
+  MPIDDP_CHECK(
+      t.sample_shape == info.sample_shape && t.classification == info.classification && t.target_dim == info.target_dim,
+      "test set '" + o.test_data + "' does not match the training set: inputs " + shape_text(t.sample_shape) + " vs " +
+          shape_text(info.sample_shape));
 }
 
 // The model and its optimizer, checked against each other and the data, on the training device.
@@ -139,75 +116,45 @@ void Trainer::adopt(ModelAndOptimizer made) {
   for (const auto& p : model_->named_parameters()) mine.insert(p.second.unsafeGetTensorImpl());
   for (const auto& g : optimizer_->param_groups()) {
     for (const auto& p : g.params()) {
-      MPIDDP_CHECK(mine.count(p.unsafeGetTensorImpl()), "the optimizer holds a tensor that is not a parameter of the model");
+      MPIDDP_CHECK(mine.count(p.unsafeGetTensorImpl()),
+                   "the optimizer holds a tensor that is not a parameter of the model");
     }
     base_lrs_.push_back(g.options().get_lr());
   }
   model_->to(options_.device);
   model_->set_activation_checkpointing(options_.activation_checkpointing);
-  // A deferred model (units.hpp) stays so at stage 3, where ZeRO initialises it unit by unit in fit()
-  // (which checks it against the data then); anywhere else it is initialised whole now.
-  if (options_.zero_stage < 3) model_->materialise();
-  if (!has_deferred_parameters(*model_)) check_model_fits_data();
+  // A deferred model (units.hpp) stays so where its units are sharded (fit() checks it against the
+  // data once ZeRO has initialised and sharded them); anywhere else it is initialised whole now.
+  sharding_ = std::make_unique<detail::ModelSharding>(*model_, options_.zero_stage, options_.zero);
+  sharding_->adopt();
+  if (!sharding_->deferred()) check_model_fits_data(/*sharded=*/false);
 }
 
-void Trainer::check_model_fits_data() {
-  const auto& o = options_;
-  torch::NoGradGuard no_grad;  // and evaluation mode: no buffer, no RNG changes
-  auto probe = train_->read_range(0, std::min<int64_t>(2, train_->size()));
-  // Token ids index the model's embedding: the probe uses token 0 alone, which every vocabulary
-  // has, and the tokens are checked against the logits' width below.
-  probe.inputs = task_->probe_inputs(probe.inputs);
-  torch::Tensor out;
-  struct BackToTraining {
-    Model& model;
-    ~BackToTraining() { model.train(true); }
-  } back{*model_};
-  model_->train(false);
-  try {
-    if (o.model_loss) {
-      out = forward_loss(probe.inputs.to(o.device), torch::zeros_like(probe.targets).to(o.device)).first;
-    } else {
-      Autocast autocast(o.device, o.precision);
-      out = model_->forward(probe.inputs.to(o.device));
-    }
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    MPIDDP_THROW("the model (" + model_->description() + ") fails on inputs of " + shape_text(probe.inputs.sizes()) +
-                 ": " + first_line(e.what()));
-  }
-  task_->check_outputs(out, probe.targets);
-  if (task_->has_labels()) {  // every label (token) a class of the model's outputs
-    train_->check_labels(out.size(-1));
-    if (test_) test_->check_labels(out.size(-1));
-  }
+void Trainer::check_model_fits_data(bool sharded) {
+  detail::check_model_fits_data(forward_loss(), *task_, *train_, test_.get(), sharded);
 }
 
 MemoryPlan Trainer::plan_memory() {
-  if (!has_deferred_parameters(*model_)) return planned();
-  // A deferred model is planned as fit() plans it: initialised and sharded by ZeRO stage 3, then
-  // left deferred again (its slices dropped, the generator its draws moved put back).
+  if (!sharding_->deferred()) return planned();
+  // A deferred model is planned as fit() plans it: initialised and sharded by ZeRO, then left
+  // deferred again (its slices dropped, the generator its draws moved put back).
   const detail::CpuGeneratorGuard rng;
   auto zero = options_.zero;
   zero.whole_at_end = false;
+  detail::ModelSharding planning(*model_, options_.zero_stage, zero);
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
   const int64_t resident = resident_bytes();
-  detail::Update update(*optimizer_, trainable_parameters(*model_), options_, pg_, {}, ddp, *model_,
-                        /*initialise_units=*/true, &zero);
-  check_sharded_model_fits_data();
+  detail::Update update(*optimizer_, trainable_parameters(*model_), options_, pg_, {}, ddp, planning);
+  check_model_fits_data(/*sharded=*/true);
   return planned(&ddp, resident);
 }
 
 MemoryPlan Trainer::planned(DistributedDataParallel* sharded, int64_t resident_before_sharding) {
-  const detail::PlannedRun run{*model_, *optimizer_, options_, pg_, *train_,
-                               [this](const Example& e) { return forward_loss(e.inputs, e.targets).second; }};
+  const detail::PlannedRun run{
+      *model_, *sharding_, *optimizer_, options_, pg_, *train_, [f = forward_loss()](const Example& e) {
+        return f(e.inputs, e.targets).second;
+      }};
   return detail::plan_run(run, sharded, resident_before_sharding);
-}
-
-// After sharding every rank runs the same check on the same samples: its verdict is every rank's.
-void Trainer::check_sharded_model_fits_data() {
-  detail::as_agreed([&] { check_model_fits_data(); });
 }
 
 DdpOptions Trainer::ddp_options() const {
@@ -216,41 +163,13 @@ DdpOptions Trainer::ddp_options() const {
   ddp.mean_tail_values = detail::StepAgreement::kSlots;  // the agreement rides with the gradients
   ddp.reduction = zero_reduction(o.zero_stage, o.ddp.compression);
   ddp.compression.reset();  // the reduction's now
-  if (o.zero_stage == 3) ddp.units = model_->units();
+  sharding_->configure(ddp);
   return ddp;
 }
 
 Trainer::~Trainer() = default;
 
-namespace {
-// Under autocast (bf16, fp16) the loss and whoever reads the outputs still see float32.
-torch::Tensor after_autocast(const torch::Tensor& t, c10::ScalarType precision) {
-  return precision != c10::kFloat && t.is_floating_point() && t.scalar_type() != c10::kFloat ? t.to(c10::kFloat) : t;
-}
-}  // namespace
-
-torch::Tensor Trainer::forward(const torch::Tensor& inputs) {
-  torch::Tensor out;
-  {
-    Autocast autocast(options_.device, options_.precision);
-    out = model_->forward(inputs);
-  }
-  return after_autocast(out, options_.precision);
-}
-
-std::pair<torch::Tensor, torch::Tensor> Trainer::forward_loss(const torch::Tensor& inputs, const torch::Tensor& targets) {
-  if (!options_.model_loss) {
-    auto out = forward(inputs);
-    return {out, options_.loss(out, targets)};
-  }
-  std::pair<torch::Tensor, torch::Tensor> out;
-  {
-    Autocast autocast(options_.device, options_.precision);
-    out = model_->forward_with_loss(inputs, targets);
-  }
-  MPIDDP_CHECK(out.second.numel() == 1, "the model's own loss must be a scalar, got " + shape_text(out.second.sizes()));
-  return {after_autocast(out.first, options_.precision), after_autocast(out.second, options_.precision)};
-}
+detail::ForwardLoss Trainer::forward_loss() const { return {*model_, options_}; }
 
 void Trainer::set_lr(const StepInfo& at) {
   if (!options_.lr_schedule) return;
@@ -262,41 +181,6 @@ void Trainer::set_lr(const StepInfo& at) {
 double Trainer::current_lr() const {
   const auto& groups = optimizer_->param_groups();
   return groups.empty() ? 0.0 : groups.front().options().get_lr();
-}
-
-std::pair<double, double> Trainer::evaluate() {
-  // Each rank scores a contiguous slice of the test set (no padding: every sample counts once);
-  // the sums are all-reduced. The loss is the training loss (a mean) times each batch's size.
-  torch::NoGradGuard no_grad;
-  model_->train(false);
-  const auto device = options_.device;
-  const int64_t n = test_->size(), r = runtime_.rank(), w = runtime_.size();
-  const int64_t begin = n * r / w, end = n * (r + 1) / w;
-  const int64_t batch = task_->eval_batch(options_.batch_size);
-  double loss_sum = 0, correct = 0;
-  for (int64_t b = begin; b < end; b += batch) {
-    auto e = test_->read_range(b, std::min(batch, end - b));
-    auto y = e.targets.to(device);
-    const auto [out, loss] = forward_loss(e.inputs.to(device), y);
-    loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
-    if (task_->has_labels()) correct += task_->correct(out, y);
-  }
-  // At ZeRO stage 3 a forward is collective (each unit all-gathered): a rank with fewer batches than
-  // the largest slice's runs the difference on one sample, and discards it.
-  if (options_.zero_stage == 3 && n > 0) {
-    const int64_t rounds = ((n + w - 1) / w + batch - 1) / batch, mine = (end - begin + batch - 1) / batch;
-    for (int64_t k = mine; k < rounds; ++k) {
-      auto e = test_->read_range(0, 1);
-      forward_loss(e.inputs.to(device), e.targets.to(device));
-    }
-  }
-  auto sums = torch::tensor({loss_sum, correct}, torch::kDouble).to(device);
-  pg_.allreduce(sums);
-  sums = sums.cpu();
-  model_->train(true);
-  const double total = static_cast<double>(n);
-  const double predictions = total * static_cast<double>(task_->predictions_per_sample());
-  return {sums[0].item<double>() / total, task_->has_labels() ? sums[1].item<double>() / predictions : -1.0};
 }
 
 // ---- training ------------------------------------------------------------------------------------
@@ -325,8 +209,8 @@ struct Trainer::Run {
   detail::StepProfiler profiler;
   const int read_ahead;
   std::optional<MemoryPlan> memory;
-  int64_t steps_run = 0;        ///< by this fit(); the measured peak is reported after kMemoryCheckSteps
-  int64_t saved_step = -1;      ///< the global step of the last snapshot after a step
+  int64_t steps_run = 0;    ///< by this fit(); the measured peak is reported after kMemoryCheckSteps
+  int64_t saved_step = -1;  ///< the global step of the last snapshot after a step
   double first_step_unix_s = 0;
 };
 
@@ -343,7 +227,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   for (; run->plan.running(p); p = p.next_epoch()) {
     const RunPosition epoch_start = p;
     run->progress.start_epoch();
-    EpochClock clock;
+    detail::EpochClock clock;
     while (run->plan.epoch_running(p)) {
       const int stop_signal = step(*run, p, note);
       if (run->snapshots.after_step(p, stop_signal != 0)) {
@@ -384,7 +268,7 @@ std::unique_ptr<Trainer::Run> Trainer::start(const Note& note, const Note& on_no
   const auto& o = options_;
   const int read_ahead = detail::BatchSource::read_ahead(*train_, o, runtime_, note);
   if (detail::SnapshotPolicy(o).enabled()) detail::check_shared_directory(runtime_.world(), o.snapshot_dir);
-  const bool deferred = has_deferred_parameters(*model_);
+  const bool deferred = sharding_->deferred();
   auto resumed = restore(note, &result.resumed_from, p);
   std::optional<MemoryPlan> memory;
   if (o.memory_plan && !deferred) {
@@ -393,11 +277,11 @@ std::unique_ptr<Trainer::Run> Trainer::start(const Note& note, const Note& on_no
   }
   auto run = std::make_unique<Run>(*this, RunPlan(o.epochs, steps_per_epoch_, o.max_steps), p, read_ahead, on_note);
   run->update = std::make_unique<detail::Update>(*optimizer_, trainable_parameters(*model_), o, pg_, p, run->ddp,
-                                                 *model_, /*initialise_units=*/!resumed);
+                                                 *sharding_, /*initialise_units=*/!resumed);
   if (resumed) restore_shards(*resumed, run->update->zero(), deferred);  // under ZeRO each rank reads its slices
   resumed.reset();
   if (deferred) {
-    check_sharded_model_fits_data();
+    check_model_fits_data(/*sharded=*/true);
     if (o.memory_plan) {
       memory = planned(&run->ddp, run->resident_before_sharding);
       note(memory->describe());
@@ -417,7 +301,8 @@ int Trainer::step(Run& run, RunPosition& p, const Note& note) {
   run.profiler.before_step(p.global_step);
   set_lr({p.global_step, p.epoch, run.plan.total_steps});
   p.lr = current_lr();
-  const auto step_loss = micro_steps(split_micro_batches(batch, options_.grad_accum), run.ddp, run.agreement, *run.update);
+  const auto step_loss =
+      detail::micro_steps(batch, options_.grad_accum, forward_loss(), run.ddp, run.agreement, *run.update);
   const auto verdict = run.agreement.settle();  // the step's one wait for the device
   const double loss = step_loss.item<double>();
   if (verdict.bad_rank >= 0) {
@@ -429,7 +314,8 @@ int Trainer::step(Run& run, RunPosition& p, const Note& note) {
   }
   run.ddp.zero_grad();
   p.advance();
-  if (const auto written = run.profiler.after_step(p.global_step); !written.empty()) note("profile written: " + written);
+  if (const auto written = run.profiler.after_step(p.global_step); !written.empty())
+    note("profile written: " + written);
   run.progress.on_step(p, loss, verdict.bad_rank >= 0);
   if (++run.steps_run == kMemoryCheckSteps && run.memory) note(measured_memory(*run.memory, run.steps_run));
   if (run.first_step_unix_s == 0) run.first_step_unix_s = detail::unix_seconds();
@@ -445,36 +331,6 @@ std::string Trainer::write_snapshot(Run& run, const RunPosition& at) {
 
 std::string Trainer::measured_memory(const MemoryPlan& plan, int64_t steps) const {
   return plan.against(allgather_int64(runtime_.world(), {peak_resident_bytes()}), steps);
-}
-
-// Forward and backward over the step's micro-batches: all but the last accumulate gradients
-// locally (no_sync); the last one's backward reduces their sum across the ranks with the
-// agreement's flags riding along. Each loss is divided by the number of micro-batches, so the
-// gradient is that of their mean. Returns this rank's loss for the step (their mean, float64), where
-// the model is: nothing here waits for the device, so the host queues the backward while the
-// forward still runs (the agreement judges the loss there too).
-torch::Tensor Trainer::micro_steps(const std::vector<Example>& micro_batches, DistributedDataParallel& ddp,
-                                   detail::StepAgreement& agreement, const detail::Update& update) {
-  const auto device = options_.device;
-  const auto k = static_cast<double>(micro_batches.size());
-  torch::Tensor loss_sum;
-  for (size_t i = 0; i < micro_batches.size(); ++i) {
-    const Example& e = micro_batches[i];
-    auto loss = forward_loss(device.is_cpu() ? e.inputs : e.inputs.to(device, /*non_blocking=*/true),
-                             device.is_cpu() ? e.targets : e.targets.to(device, /*non_blocking=*/true))
-                    .second;
-    const auto value = loss.detach().to(torch::kDouble);
-    loss_sum = loss_sum.defined() ? loss_sum + value : value;  // not finite iff some loss is not
-    if (micro_batches.size() > 1) loss = loss / k;
-    if (i + 1 < micro_batches.size()) {
-      auto local = ddp.no_sync();
-      ddp.backward(update.scale(loss));
-    } else {
-      agreement.post(loss_sum);
-      ddp.backward(update.scale(loss));
-    }
-  }
-  return micro_batches.size() > 1 ? loss_sum / k : loss_sum;
 }
 
 FitResult Trainer::stopped(FitResult result, const RunPosition& p, int signal,
@@ -527,7 +383,8 @@ EpochMetrics Trainer::finish_epoch(const RunPosition& p, const RunPosition& epoc
   m.mfu = rates.mfu;
   if (test_) {
     auto hold = batches.pause();
-    std::tie(m.test_loss, m.test_accuracy) = evaluate();
+    std::tie(m.test_loss, m.test_accuracy) =
+        detail::evaluate(*test_, *task_, forward_loss(), *sharding_, pg_, options_.batch_size);
   }
   return m;
 }
@@ -537,8 +394,8 @@ EpochMetrics Trainer::finish_epoch(const RunPosition& p, const RunPosition& epoc
 std::vector<std::string> Trainer::rank_lines(const RunPosition& p) const {
   std::vector<std::string> lines;
   for (int r = 0; runtime_.rank() == 0 && r < runtime_.size(); ++r) {
-    lines.push_back("[RANK " + std::to_string(r) + "] Epoch " + std::to_string(p.epoch + 1) +
-                    " | Batchsize: " + std::to_string(options_.batch_size) + " | Steps: " + std::to_string(p.step_in_epoch));
+    lines.push_back("[RANK " + std::to_string(r) + "] Epoch " + std::to_string(p.epoch + 1) + " | Batchsize: " +
+                    std::to_string(options_.batch_size) + " | Steps: " + std::to_string(p.step_in_epoch));
   }
   return lines;
 }

@@ -16,7 +16,8 @@ void TrainerOptions::validate(const std::function<std::string(const std::string&
   MPIDDP_CHECK(epochs >= 0, n("epochs") + " must be >= 0 (0: as many as " + n("max_steps") + " takes), got " +
                                 std::to_string(epochs));
   MPIDDP_CHECK(batch_size > 0, n("batch_size") + " must be > 0, got " + std::to_string(batch_size));
-  MPIDDP_CHECK(grad_accum > 0, n("grad_accum") + " must be > 0 (1: no accumulation), got " + std::to_string(grad_accum));
+  MPIDDP_CHECK(grad_accum > 0,
+               n("grad_accum") + " must be > 0 (1: no accumulation), got " + std::to_string(grad_accum));
   check_zero_stage(zero_stage, n("zero_stage"));
   // The Trainer reduces by zero_stage and carries its step agreement in the mean tail: one owner each.
   MPIDDP_CHECK(!ddp.reduction, n("ddp.reduction") + " is the Trainer's to choose: set " + n("zero_stage"));
@@ -25,7 +26,8 @@ void TrainerOptions::validate(const std::function<std::string(const std::string&
                "unknown " + n("data_format") + " '" + data_format + "' (auto, hdf5, llmc, raw-uint16)");
   MPIDDP_CHECK(block_size >= 0, n("block_size") + " must be >= 0, got " + std::to_string(block_size));
   MPIDDP_CHECK(max_steps >= 0, n("max_steps") + " must be >= 0");
-  MPIDDP_CHECK(profile_first_step >= 0, n("profile_first_step") + " must be >= 0, got " + std::to_string(profile_first_step));
+  MPIDDP_CHECK(profile_first_step >= 0,
+               n("profile_first_step") + " must be >= 0, got " + std::to_string(profile_first_step));
   MPIDDP_CHECK(profile_steps > 0, n("profile_steps") + " must be > 0, got " + std::to_string(profile_steps));
   MPIDDP_CHECK(log_every_steps >= -1, n("log_every_steps") + " must be >= -1 (-1: a tenth of an epoch)");
   MPIDDP_CHECK(log_every_seconds >= 0 && log_min_gap_seconds >= 0,

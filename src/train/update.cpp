@@ -7,22 +7,24 @@
 namespace mpiddp::detail {
 
 Update::Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
-               ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, Model& model,
-               bool initialise_units, const ZeroOptions* zero_options)
-    : optimizer_(optimizer), params_(std::move(params)), clip_grad_norm_(options.clip_grad_norm), pg_(pg), model_(model) {
+               ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, ModelSharding& sharding,
+               bool initialise_units)
+    : optimizer_(optimizer),
+      params_(std::move(params)),
+      clip_grad_norm_(options.clip_grad_norm),
+      pg_(pg),
+      sharding_(sharding) {
   if (ddp.reduction().zero_stage() > 0) {
-    ZeroOptions zero = zero_options ? *zero_options : options.zero;
-    if (initialise_units) zero.init_unit = [&model](size_t unit) { model.init_unit(unit); };
-    zero_ = std::make_unique<ZeroOptimizer>(ddp, optimizer, zero);
+    zero_ = std::make_unique<ZeroOptimizer>(ddp, optimizer, sharding.zero_options(initialise_units));
   }
   if (options.precision == c10::kHalf) {  // dynamic loss scaling, continued from the snapshot
     scaler_.emplace(options.device, options.loss_scaling);
     if (from.loss_scale > 0) scaler_->load(from.loss_scale, from.growth_tracker);
   }
-  if (zero_) model_.set_unit_hooks(zero_->unit_hooks());  // last: nothing after it throws (~Update unsets it)
+  sharding_.attach(zero_.get());  // last: nothing after it throws (~Update detaches)
 }
 
-Update::~Update() { model_.set_unit_hooks(nullptr); }  // before the ZeroOptimizer makes the model whole
+Update::~Update() { sharding_.detach(); }  // before the ZeroOptimizer makes the model whole
 
 bool Update::apply() {
   // fp16: the averaged gradients (under ZeRO each rank's shards) are unscaled and checked; a step

@@ -2,16 +2,16 @@
 // holds the averaged gradients, unscales them (fp16: an Inf/NaN on any rank skips the step
 // everywhere, GradScaler's verdict), clips them to the global norm and steps the optimizer on every
 // parameter. ZeRO's (stages 1, 2: a ZeroOptimizer): the same on this rank's shards, the norm and
-// the verdict over all ranks' shards, then the parameters all-gathered.
+// the verdict over all ranks' shards, then the parameters all-gathered (stage 3: the units' slices).
 //
 // Cross-rank contract: every rank calls apply() at the same steps (after StepAgreement settled
 // that the step's loss was finite everywhere); fp16's verdict is one all-reduce inside it, ZeRO's
 // norm another.
 #pragma once
 
-#include <mpiddp/process_group.hpp>
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/precision.hpp>
+#include <mpiddp/process_group.hpp>
 #include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
 
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "train/run_position.hpp"
+#include "zero/model_sharding.hpp"
 
 namespace mpiddp::detail {
 
@@ -28,12 +29,12 @@ class Update {
  public:
   /// `params`: what clipping and unscaling see (the trainable parameters). The fp16 scaler
   /// continues from `from` (a snapshot's state) when it holds one. Under ZeRO the optimizer is
-  /// sharded over `ddp` (its reduction says the stage), taking the state a resume put in it; at
-  /// stage 3 `initialise_units` has the model's deferred units initialised (units.hpp), else they
-  /// start as zeros (a resume reads them next). `zero`: ZeRO's options, else `options`'.
+  /// sharded over `ddp` (its reduction says the stage), taking the state a resume put in it, and the
+  /// model held as `sharding` says (sharded units run through its gathers while this Update lives;
+  /// `initialise_units`: deferred units get their initial values, else a resume reads them next).
   Update(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, const TrainerOptions& options,
-         ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, Model& model,
-         bool initialise_units = true, const ZeroOptions* zero = nullptr);
+         ProcessGroup& pg, const RunPosition& from, DistributedDataParallel& ddp, ModelSharding& sharding,
+         bool initialise_units = true);
   ~Update();
   Update(const Update&) = delete;
   Update& operator=(const Update&) = delete;
@@ -47,7 +48,6 @@ class Update {
   /// The loss scale now (0: no loss scaling).
   double loss_scale() const { return scaler_ ? scaler_->scale_value() : 0.0; }
   /// The ZeroOptimizer that shards the optimizer (null at stage 0): snapshots write its slices.
-  /// At stage 3 the model's units run through its hooks while this Update lives.
   ZeroOptimizer* zero() const { return zero_.get(); }
 
  private:
@@ -57,7 +57,7 @@ class Update {
   ProcessGroup& pg_;
   std::optional<GradScaler> scaler_;
   std::unique_ptr<ZeroOptimizer> zero_;
-  Model& model_;
+  ModelSharding& sharding_;
 };
 
 }  // namespace mpiddp::detail

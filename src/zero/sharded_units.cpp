@@ -62,10 +62,13 @@ struct ShardedUnits::Pass {
 };
 
 ShardedUnits::ShardedUnits(DistributedDataParallel& ddp, const ZeroOptions& options)
-    : pg_(ddp.process_group()), options_(options), buckets_(ddp.buckets().size()),
-      buckets_of_unit_(ddp.unit_count()), self_(std::make_shared<ShardedUnits*>(this)) {
+    : pg_(ddp.process_group()),
+      options_(options),
+      buckets_(ddp.buckets().size()),
+      buckets_of_unit_(ddp.bucket_group_count()),
+      self_(std::make_shared<ShardedUnits*>(this)) {
   for (size_t b = 0; b < ddp.buckets().size(); ++b) {
-    const int unit = ddp.buckets()[b].unit;
+    const int unit = ddp.buckets()[b].group;  // the sharding gave DDP its units as the bucket groups
     if (unit >= 0) buckets_of_unit_[static_cast<size_t>(unit)].push_back(b);  // none: no trainable parameters
   }
   for (size_t u = 0; u < buckets_of_unit_.size(); ++u) set_of_unit_.push_back({u});

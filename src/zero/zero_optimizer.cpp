@@ -28,8 +28,9 @@ const OptimizerSpec& shardable(const torch::optim::Optimizer& opt) {
 
 ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer, ZeroOptions options)
     : ddp_(ddp), pg_(ddp.process_group()), outer_(optimizer) {
-  MPIDDP_CHECK(stage() >= 1, "ZeroOptimizer needs a DistributedDataParallel that reduces with zero_reduction(1, 2 or 3) "
-                             "(DdpOptions::reduction)");
+  MPIDDP_CHECK(stage() >= 1,
+               "ZeroOptimizer needs a DistributedDataParallel that reduces with zero_reduction(1, 2 or 3) "
+               "(DdpOptions::reduction)");
   shardable(optimizer);
   const auto& params = ddp.parameters();
   std::map<const void*, size_t> index;
@@ -39,8 +40,9 @@ ZeroOptimizer::ZeroOptimizer(DistributedDataParallel& ddp, torch::optim::Optimiz
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const auto& p : groups[g].params()) {
       const auto it = index.find(p.unsafeGetTensorImpl());
-      MPIDDP_CHECK(it != index.end(), "ZeroOptimizer: the optimizer holds a tensor that DDP does not reduce "
-                                      "(frozen, or not a parameter of the model)");
+      MPIDDP_CHECK(it != index.end(),
+                   "ZeroOptimizer: the optimizer holds a tensor that DDP does not reduce "
+                   "(frozen, or not a parameter of the model)");
       group_of[it->second] = static_cast<int64_t>(g);
     }
   }
@@ -162,11 +164,12 @@ void ZeroOptimizer::step() {
       flat.narrow(0, in_bucket, numel).copy_(params[i].detach().view(-1).narrow(0, in_param, numel));
     });
     pg_.allgather_async(flat.narrow(0, lo, hi - lo), flat)->wait_on_device();  // copied out on the device
-    for (size_t s = 0; s < layout.params.size(); ++s) {  // the elements other ranks own
+    for (size_t s = 0; s < layout.params.size(); ++s) {                        // the elements other ranks own
       const auto& p = params[layout.params[s]];
       const int64_t begin = layout.offsets[s], end = begin + p.numel();
       auto mine = p.detach().view(-1);
-      if (begin < lo) mine.narrow(0, 0, std::min(end, lo) - begin).copy_(flat.narrow(0, begin, std::min(end, lo) - begin));
+      if (begin < lo)
+        mine.narrow(0, 0, std::min(end, lo) - begin).copy_(flat.narrow(0, begin, std::min(end, lo) - begin));
       if (end > hi) {
         const int64_t from = std::max(begin, hi);
         mine.narrow(0, from - begin, end - from).copy_(flat.narrow(0, from, end - from));
@@ -197,7 +200,8 @@ torch::Tensor ZeroOptimizer::known_state() const {
       mine[i][0] = fields.step + 1;
       for (size_t f = 0; f < names.size(); ++f) {
         const auto it = fields.tensors.find(names[f]);
-        if (it != fields.tensors.end()) mine[i][static_cast<int64_t>(f) + 1] = 1 + static_cast<int64_t>(it->second.scalar_type());
+        if (it != fields.tensors.end())
+          mine[i][static_cast<int64_t>(f) + 1] = 1 + static_cast<int64_t>(it->second.scalar_type());
       }
     }
   }
@@ -282,7 +286,8 @@ void ZeroOptimizer::gather_state(int root) {
       for (size_t s = 0; s < layout.params.size(); ++s) {
         const size_t i = layout.params[s];
         if (!has[static_cast<int64_t>(i)][static_cast<int64_t>(f) + 1]) continue;
-        whole[i].tensors[names[f]] = full.narrow(0, layout.offsets[s], params[i].numel()).view(params[i].sizes()).clone();
+        whole[i].tensors[names[f]] =
+            full.narrow(0, layout.offsets[s], params[i].numel()).view(params[i].sizes()).clone();
       }
     }
   }

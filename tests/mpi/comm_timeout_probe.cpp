@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string data = dir + "/probe.h5";
-  if (in == "hdf5" && rt.rank() == 0) mpiddp::write_dataset(data, torch::zeros({4, 2}), torch::zeros({4}, torch::kLong), 1.0, 2);
+  if (in == "hdf5" && rt.rank() == 0)
+    mpiddp::write_dataset(data, torch::zeros({4, 2}), torch::zeros({4}, torch::kLong), 1.0, 2);
   auto pg = mpiddp::make_process_group(backend, rt, opts);
   auto t = torch::ones({8}, torch::kFloat);
   pg->allreduce(t);  // #1: everyone, so the group is known to work

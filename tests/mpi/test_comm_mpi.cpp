@@ -1,7 +1,8 @@
 // Every collective x backend x dtype x op, in place and out of place, at odd counts, against
-// values each rank computes by formula. Runs at 1..4 ranks; groups run in check mode.
-#include <mpiddp/process_group.hpp>
+// values each rank computes by formula (the collective harness's rows). Runs at 1..4 ranks; groups
+// run in check mode.
 #include <mpiddp/config.hpp>
+#include <mpiddp/process_group.hpp>
 
 #include <torch/torch.h>
 
@@ -12,7 +13,9 @@
 #endif
 #include <sstream>
 #include <tuple>
+#include <vector>
 
+#include "comm/collective_harness.hpp"
 #include "mpi_test.hpp"
 
 using mpiddp::Collective;
@@ -22,112 +25,26 @@ using mpiddp::testing::runtime;
 
 namespace {
 
-// Small integers: exact in every dtype, and so are their sums, minima and maxima over 4 ranks.
-double v(int r, int64_t i) { return static_cast<double>((r * 3 + i) % 5 + 1); }
-
-double reduce_ref(ReduceOp op, int n, int64_t i) {
-  double acc = v(0, i);
-  for (int r = 1; r < n; ++r) {
-    const double x = v(r, i);
-    acc = op == ReduceOp::kMin ? std::min(acc, x) : op == ReduceOp::kMax ? std::max(acc, x) : acc + x;
-  }
-  return op == ReduceOp::kAvg ? acc / n : acc;
-}
-
-torch::Tensor filled(int r, int64_t count, c10::ScalarType dtype, int64_t first = 0) {
-  auto t = torch::empty({count}, torch::kDouble);
-  auto acc = t.accessor<double, 1>();
-  for (int64_t i = 0; i < count; ++i) acc[i] = v(r, first + i);
-  return t.to(dtype);
-}
-
-double tolerance(c10::ScalarType t) {
-  switch (t) {
-    case c10::kBFloat16: return 1e-2;
-    case c10::kHalf: return 1e-3;
-    case c10::kFloat: return 1e-6;
-    default: return 1e-12;
-  }
-}
-
-// Counts elements of `got` that differ from `expected` (relative tolerance for averages).
-int64_t count_wrong(const torch::Tensor& got, const std::vector<double>& expected, double tol) {
-  auto g = got.reshape(-1).to(torch::kCPU, torch::kDouble).contiguous();
-  auto acc = g.accessor<double, 1>();
-  int64_t wrong = static_cast<int64_t>(expected.size()) != g.numel() ? 1 : 0;
-  for (int64_t i = 0; i < std::min<int64_t>(g.numel(), static_cast<int64_t>(expected.size())); ++i) {
-    const double e = expected[static_cast<size_t>(i)];
-    if (std::abs(acc[i] - e) > tol * std::max(1.0, std::abs(e))) ++wrong;
-  }
-  return wrong;
-}
-
 mpiddp::ProcessGroup& group(const std::string& backend) { return mpiddp::testing::checked_group(backend); }
 
-// Runs one collective, ended by wait() or by wait_on_device() (nccl: the device waits, not the
-// host, and the check's read queues behind it); returns the number of wrong elements on this rank.
+// Runs `kind` through the collective harness (comm/collective_harness.hpp: the row's ProcessGroup
+// call, its pattern input and closed-form output) at `count` elements a rank's part (allgather's
+// input, reduce_scatter's output, alltoall's slice; the whole array otherwise), once per root for a
+// rooted collective (the first rank and the last), ended by wait() or by wait_on_device() (nccl: the
+// device waits, not the host, and the check's read queues behind it); returns the number of wrong
+// elements on this rank.
 int64_t run_case(mpiddp::ProcessGroup& pg, Collective kind, c10::ScalarType dtype, ReduceOp op, bool in_place,
                  int64_t count, c10::Device dev = c10::kCPU, bool on_device = false) {
-  const int r = pg.rank(), n = pg.size();
-  auto end = [on_device](const mpiddp::WorkHandle& work) { on_device ? work->wait_on_device() : work->wait(); };
-  auto filled = [&](int rank, int64_t k, c10::ScalarType t) { return ::filled(rank, k, t).to(dev); };
-  auto full = [&](int64_t k, double value, c10::ScalarType t) {
-    return torch::full({k}, value, torch::TensorOptions().dtype(t).device(dev));
-  };
-  const double tol = op == ReduceOp::kAvg ? tolerance(dtype) : 0.0;
-  std::vector<double> expected;
-  torch::Tensor in, out;
-  switch (kind) {
-    case Collective::kAllreduce:
-      in = filled(r, count, dtype);
-      out = in_place ? in : full(count, -7, dtype);
-      end(pg.allreduce_async(in, out, op));
-      for (int64_t i = 0; i < count; ++i) expected.push_back(reduce_ref(op, n, i));
-      return count_wrong(out, expected, tol);
-    case Collective::kBroadcast: {
-      int64_t wrong = 0;
-      for (int root : {0, n - 1}) {
-        in = r == root ? filled(r, count, dtype) : full(count, -7, dtype);
-        out = in_place ? in : full(count, -9, dtype);
-        end(pg.broadcast_async(in, out, root));
-        expected.clear();
-        for (int64_t i = 0; i < count; ++i) expected.push_back(v(root, i));
-        wrong += count_wrong(out, expected, 0.0);
-      }
-      return wrong;
-    }
-    case Collective::kAllgather:
-      out = full(n * count, -7, dtype);
-      if (in_place) {
-        in = out.narrow(0, r * count, count);
-        in.copy_(filled(r, count, dtype));
-      } else {
-        in = filled(r, count, dtype);
-      }
-      end(pg.allgather_async(in, out));
-      for (int q = 0; q < n; ++q) {
-        for (int64_t i = 0; i < count; ++i) expected.push_back(v(q, i));
-      }
-      return count_wrong(out, expected, 0.0);
-    case Collective::kReduceScatter:
-      in = filled(r, n * count, dtype);
-      out = in_place ? in.narrow(0, r * count, count) : full(count, -7, dtype);
-      end(pg.reduce_scatter_async(in, out, op));
-      for (int64_t i = 0; i < count; ++i) expected.push_back(reduce_ref(op, n, r * count + i));
-      return count_wrong(out, expected, tol);
-    case Collective::kAlltoall:
-      in = filled(r, n * count, dtype);
-      out = in_place ? in : full(n * count, -7, dtype);
-      end(pg.alltoall_async(in, out));
-      for (int s = 0; s < n; ++s) {
-        for (int64_t i = 0; i < count; ++i) expected.push_back(v(s, r * count + i));
-      }
-      return count_wrong(out, expected, 0.0);
-    case Collective::kBarrier:
-      pg.barrier();
-      return 0;
+  const auto& t = mpiddp::traits(kind);
+  const int n = pg.size();
+  const int64_t elements = t.splits() ? n * count : count;
+  const auto options = torch::TensorOptions().dtype(dtype).device(dev);
+  int64_t wrong = 0;
+  for (int root : t.rooted ? std::vector<int>{0, n - 1} : std::vector<int>{0}) {
+    const auto buffers = mpiddp::detail::make_buffers(kind, elements, options, in_place, pg.rank(), n);
+    wrong += mpiddp::detail::verify(pg, kind, buffers, {op, root}, on_device);
   }
-  return 1;
+  return wrong;
 }
 
 // nccl needs one GPU per rank and a CUDA build of libtorch; every rank reaches the same answer.
@@ -286,8 +203,9 @@ TEST(Comm, BadArgumentsAreClearErrors) {
   ok &= expect_error([&] { pg.allreduce_async(torch::ones({3}), torch::ones({4}), ReduceOp::kSum); }, "elements");
   ok &= expect_error([&] { pg.allgather(torch::ones({3}), torch::ones({3 * pg.size() + 1})); }, "world size x input");
   ok &= expect_error([&] { pg.broadcast(torch::ones({3}), pg.size()); }, "outside a world");
-  ok &= expect_error([&] { pg.allreduce_async(torch::ones({3}, torch::kInt), torch::ones({3}, torch::kInt), ReduceOp::kAvg); },
-                     "mpi does not support allreduce of int32 with avg");
+  ok &= expect_error(
+      [&] { pg.allreduce_async(torch::ones({3}, torch::kInt), torch::ones({3}, torch::kInt), ReduceOp::kAvg); },
+      "mpi does not support allreduce of int32 with avg");
   ok &= expect_error([&] { pg.allreduce(torch::empty({3}, torch::TensorOptions().device(torch::kMeta))); },
                      "the mpi backend takes CPU or CUDA tensors, got one on meta");
   EXPECT_EQ(pg.sequence(), seq) << "refused calls must not consume sequence numbers";

@@ -3,8 +3,8 @@
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/zero.hpp>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
@@ -12,8 +12,8 @@
 #include <optional>
 
 #include "mpi_test.hpp"
-#include "train/step_agreement.hpp"
 #include "test_models.hpp"
+#include "train/step_agreement.hpp"
 
 using mpiddp::testing::on_all_ranks;
 using mpiddp::testing::runtime;
@@ -35,9 +35,7 @@ struct MlpImpl : torch::nn::Module {
       for (auto& p : fc1->parameters()) p.set_requires_grad(false);
     }
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, unused{nullptr};
 };
 TORCH_MODULE(Mlp);
@@ -121,14 +119,20 @@ template <typename Model>
 void clear_gradients(RunSpec::Zero how, torch::optim::Optimizer& opt, Model& model,
                      mpiddp::DistributedDataParallel* ddp) {
   switch (how) {
-    case RunSpec::Zero::kOptimizer: opt.zero_grad(); break;
+    case RunSpec::Zero::kOptimizer:
+      opt.zero_grad();
+      break;
     case RunSpec::Zero::kDdp:
-      if (ddp) ddp->zero_grad(); else opt.zero_grad();
+      if (ddp)
+        ddp->zero_grad();
+      else
+        opt.zero_grad();
       break;
     case RunSpec::Zero::kSetToNone:
       for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
       break;
-    case RunSpec::Zero::kNever: break;
+    case RunSpec::Zero::kNever:
+      break;
   }
 }
 
@@ -167,8 +171,12 @@ double ddp_vs_single(const RunSpec& spec, Make make, mpiddp::DdpStats* stats = n
       std::optional<mpiddp::DistributedDataParallel::NoSync> guard;
       if (m + 1 < spec.accumulation) guard.emplace(&ddp);
       switch (spec.api) {
-        case RunSpec::Api::kPlain: loss.backward(); break;
-        case RunSpec::Api::kDdpBackward: ddp.backward(loss); break;
+        case RunSpec::Api::kPlain:
+          loss.backward();
+          break;
+        case RunSpec::Api::kDdpBackward:
+          ddp.backward(loss);
+          break;
         case RunSpec::Api::kFinishBackward:
           loss.backward();
           ddp.finish_backward();
@@ -252,7 +260,8 @@ TEST(Ddp, GradientAccumulationWithNoSync) {
   RunSpec spec;
   spec.accumulation = 3;
   mpiddp::DdpStats stats;
-  const double err = ddp_vs_single(spec, [] { return Mlp(); }, &stats);
+  const double err = ddp_vs_single(
+      spec, [] { return Mlp(); }, &stats);
   EXPECT_LE(err, 1e-5);
   MPIDDP_EXPECT_ALL(err <= 1e-5 && stats.steps == kSteps);  // one reduction per step, not per micro-batch
 }
@@ -272,8 +281,8 @@ TEST(Ddp, EveryWayOfClearingGradientsMatchesSingleProcess) {
         spec.api = api;
         spec.lr = 0.02;
         const double err = ddp_vs_single(spec, [] { return Mlp(32, /*with_unused=*/true); });
-        EXPECT_LE(err, 1e-5) << "zero " << static_cast<int>(zero) << " accumulation " << accumulation
-                             << " api " << static_cast<int>(api);
+        EXPECT_LE(err, 1e-5) << "zero " << static_cast<int>(zero) << " accumulation " << accumulation << " api "
+                             << static_cast<int>(api);
         MPIDDP_EXPECT_ALL(err <= 1e-5);
       }
     }
@@ -316,7 +325,8 @@ TEST(Ddp, GradientsAreTheBucketNotCopies) {
 TEST(Ddp, UnusedParameterDoesNotHang) {
   RunSpec spec;
   mpiddp::DdpStats stats;
-  const double err = ddp_vs_single(spec, [] { return Mlp(32, /*with_unused=*/true); }, &stats);
+  const double err = ddp_vs_single(
+      spec, [] { return Mlp(32, /*with_unused=*/true); }, &stats);
   EXPECT_LE(err, 1e-5);
   MPIDDP_EXPECT_ALL(err <= 1e-5 && stats.buckets_launched_at_end > 0);
 }
@@ -396,7 +406,8 @@ TEST(Ddp, StartsFromRankZerosValuesWhateverTheirSizes) {
     const auto values = [](int64_t numel, int rank, int index) {
       return torch::arange(numel, torch::kFloat32).remainder(1000 + index) + 10000.0 * rank;
     };
-    const std::vector<std::vector<int64_t>> shapes = {{7, 1 << 20}, {3 << 20}, {5, 3}, {3 << 20}, {2600, 3000}, {3 << 20}, {1}};
+    const std::vector<std::vector<int64_t>> shapes = {{7, 1 << 20}, {3 << 20}, {5, 3}, {3 << 20},
+                                                      {2600, 3000}, {3 << 20}, {1}};
     std::vector<std::pair<std::string, torch::Tensor>> params;
     std::vector<torch::Tensor> expected;
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -499,7 +510,8 @@ TEST(Ddp, EveryBucketCapGivesTheSameParameters) {
     spec.ddp.bucket_cap_bytes = cap;
     spec.ddp.first_bucket_cap_bytes = std::min<int64_t>(cap, 1 << 20);
     mpiddp::DdpStats stats;
-    const double err = ddp_vs_single(spec, [] { return Mlp(); }, &stats);
+    const double err = ddp_vs_single(
+        spec, [] { return Mlp(); }, &stats);
     EXPECT_LE(err, 1e-5) << "cap " << cap;
     // Every bucket started from a gradient hook, during backward: communication overlapped.
     MPIDDP_EXPECT_ALL(err <= 1e-5 && stats.buckets_launched_at_end == 0 && stats.buckets_launched_early > 0);

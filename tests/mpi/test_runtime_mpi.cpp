@@ -87,7 +87,8 @@ TEST(Runtime, InjectedKeysNumberNodesByLowestRank) {
 TEST(Runtime, GatherStringsInRankOrder) {
   const int r = runtime().rank();
   // Rank 0 sends an empty string; the others strings of different lengths.
-  const std::string mine = r == 0 ? std::string() : "rank" + std::to_string(r) + std::string(static_cast<size_t>(r * 7), 'x');
+  const std::string mine =
+      r == 0 ? std::string() : "rank" + std::to_string(r) + std::string(static_cast<size_t>(r * 7), 'x');
   auto expected = [](int q) {
     return q == 0 ? std::string() : "rank" + std::to_string(q) + std::string(static_cast<size_t>(q * 7), 'x');
   };
@@ -133,7 +134,8 @@ TEST(Diagnostics, FaultOnLastRankFailsEveryCheck) {
   // The last rank is also the broadcast root, so even the broadcast carries its bad value.
   auto results = mpiddp::run_sanity_checks(runtime(), runtime().size() - 1);
   bool ok = results.size() == 4;
-  for (const auto& r : results) ok = ok && !r.ok && r.ranks_ok == 0 && static_cast<int>(r.failed_ranks.size()) == runtime().size();
+  for (const auto& r : results)
+    ok = ok && !r.ok && r.ranks_ok == 0 && static_cast<int>(r.failed_ranks.size()) == runtime().size();
   MPIDDP_EXPECT_ALL(ok);
 }
 

@@ -142,17 +142,19 @@ std::string error_on_every_rank(const std::function<void()>& f) {
 TEST(SnapshotFile, FlatRangesSelectExactlyTheirElements) {
   // Every range of every shape, selected as hyperslabs, against the range's own element indices.
   mpiddp::detail::quiet_hdf5();
-  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{}, {7}, {3, 5}, {2, 3, 4}, {2, 1, 3, 2}}) {
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{}, {7}, {3, 5}, {2, 3, 4}, {2, 1, 3, 2}}) {
     int64_t n = 1;
     for (auto d : shape) n *= d;
     std::vector<hsize_t> dims(shape.begin(), shape.end());
-    mpiddp::detail::Hid space(shape.empty() ? H5Screate(H5S_SCALAR)
-                                            : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                              H5Sclose);
+    mpiddp::detail::Hid space(
+        shape.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+        H5Sclose);
     for (int64_t a = 0; a <= n; ++a) {
       for (int64_t b = a; b <= n; ++b) {
         mpiddp::detail::select_flat_range(space.get(), shape, a, b - a);
-        ASSERT_EQ(H5Sget_select_npoints(space.get()), b - a) << "shape rank " << shape.size() << " [" << a << "," << b << ")";
+        ASSERT_EQ(H5Sget_select_npoints(space.get()), b - a)
+            << "shape rank " << shape.size() << " [" << a << "," << b << ")";
         if (shape.empty() || b == a) continue;
         // The selection's bounding box and every element's membership, by its row-major index.
         for (int64_t e = 0; e < n; ++e) {
@@ -174,7 +176,8 @@ TEST(SnapshotFile, EveryRanksPartsReadBackWholeAndInParts) {
   const auto whole = state();
   for (const bool uneven : {false, true}) {
     for (const auto io : kIos) {
-      SCOPED_TRACE(std::string(uneven ? "uneven" : "even") + (io == SnapshotIo::kParallel ? ", MPI-IO" : ", through rank 0"));
+      SCOPED_TRACE(std::string(uneven ? "uneven" : "even") +
+                   (io == SnapshotIo::kParallel ? ", MPI-IO" : ", through rank 0"));
       const std::string path = dir / "s.h5";
       mpiddp::detail::write_parallel_snapshot(world(), path, parts_of(whole, rank(), size(), uneven), meta(), io);
       // One process reads it as `mpiddp export` and h5py do: every tensor whole, bitwise.
@@ -194,7 +197,8 @@ TEST(SnapshotFile, EveryRanksPartsReadBackWholeAndInParts) {
 TEST(SnapshotFile, FewerRanksReadWhatMoreWrote) {
   SharedDir dir;
   const auto whole = state();
-  mpiddp::detail::write_parallel_snapshot(world(), dir / "s.h5", parts_of(whole, rank(), size(), true), meta(), kIos.front());
+  mpiddp::detail::write_parallel_snapshot(world(), dir / "s.h5", parts_of(whole, rank(), size(), true), meta(),
+                                          kIos.front());
   // The first max(1, N-1) ranks read it alone: another world size, every tensor the same.
   MPI_Comm fewer;
   const bool reader_rank = rank() < std::max(1, size() - 1);
@@ -213,7 +217,8 @@ TEST(SnapshotFile, PartsThatDoNotTileTheTensorAreRefusedEverywhere) {
   SharedDir dir;
   auto parts = parts_of(state(), rank(), size(), false);
   if (rank() == size() - 1) parts[0].part = parts[0].part.narrow(0, 0, parts[0].part.numel() - 1);  // one element short
-  const auto why = error_on_every_rank([&] { mpiddp::detail::write_parallel_snapshot(world(), dir / "s.h5", parts, meta()); });
+  const auto why =
+      error_on_every_rank([&] { mpiddp::detail::write_parallel_snapshot(world(), dir / "s.h5", parts, meta()); });
   EXPECT_NE(why.find("do not"), std::string::npos) << why;
   EXPECT_FALSE(fs::exists(dir / "s.h5"));
   EXPECT_FALSE(fs::exists(dir / ".s.h5.tmp"));
@@ -229,8 +234,9 @@ TEST(SnapshotFile, AFailedWriteLeavesThePreviousFileWhole) {
   const std::string blocked = dir / "blocked.h5";
   if (rank() == 0) fs::create_directories(fs::path(blocked) / "inside");
   MPI_Barrier(world());
-  const auto why = error_on_every_rank(
-          [&] { mpiddp::detail::write_parallel_snapshot(world(), blocked, parts_of(whole, rank(), size(), false), meta()); });
+  const auto why = error_on_every_rank([&] {
+    mpiddp::detail::write_parallel_snapshot(world(), blocked, parts_of(whole, rank(), size(), false), meta());
+  });
   EXPECT_NE(why.find("cannot write snapshot '" + blocked + "'"), std::string::npos) << why;
   EXPECT_FALSE(fs::exists(dir / ".blocked.h5.tmp"));
   SnapshotReader reader(world(), path);
@@ -252,11 +258,13 @@ TEST(SnapshotFile, DamageIsTheSameOneLineErrorOnEveryRankOrReadsExactly) {
         auto bytes = original;
         auto at = [&](size_t span) { return std::uniform_int_distribution<size_t>(0, bytes.size() - span)(rng); };
         if (kind == 0) bytes[at(1)] ^= static_cast<char>(1u << (rng() % 8));
-        if (kind == 1) for (int i = 0; i < 8; ++i) bytes[at(1)] ^= static_cast<char>(1 + rng() % 255);
+        if (kind == 1)
+          for (int i = 0; i < 8; ++i) bytes[at(1)] ^= static_cast<char>(1 + rng() % 255);
         if (kind == 2) std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(at(64)), 64, '\0');
         if (kind == 3) bytes.resize(std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng));
         if (kind == 4) bytes.insert(bytes.end(), 16, 'x');
-        std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        std::ofstream(path, std::ios::binary | std::ios::trunc)
+            .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
       }
       MPI_Barrier(world());
       SCOPED_TRACE("damage " + std::to_string(kind) + " seed " + std::to_string(seed));
@@ -280,7 +288,8 @@ TEST(SnapshotFile, DamageIsTheSameOneLineErrorOnEveryRankOrReadsExactly) {
     }
   }
   if (rank() == 0) std::cout << "damaged format-3 snapshots: " << refused << " refused, " << exact << " read exactly\n";
-  EXPECT_GE(refused, 4 * kSeeds * static_cast<int>(kIos.size()));  // truncation and appended bytes always; most of the rest
+  EXPECT_GE(refused,
+            4 * kSeeds * static_cast<int>(kIos.size()));  // truncation and appended bytes always; most of the rest
 }
 
 TEST(SnapshotFile, OneReaderOfADamagedFileNeverCrashesOrHangs) {
@@ -301,14 +310,17 @@ TEST(SnapshotFile, OneReaderOfADamagedFileNeverCrashesOrHangs) {
         auto bytes = original;
         auto at = [&](size_t span) { return std::uniform_int_distribution<size_t>(0, bytes.size() - span)(rng); };
         if (kind == 0) bytes[at(1)] ^= static_cast<char>(1u << (rng() % 8));
-        if (kind == 1) for (int i = 0; i < 8; ++i) bytes[at(1)] ^= static_cast<char>(1 + rng() % 255);
+        if (kind == 1)
+          for (int i = 0; i < 8; ++i) bytes[at(1)] ^= static_cast<char>(1 + rng() % 255);
         if (kind == 2) std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(at(64)), 64, '\0');
         if (kind == 3) bytes.resize(std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng));
-        std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        std::ofstream(path, std::ios::binary | std::ios::trunc)
+            .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
         const auto o = mpiddp::testing::run_isolated([&] {
           const auto s = mpiddp::read_snapshot(path);
           for (const auto& [name, t] : whole) {
-            if (!s.tensors.count(name) || !same(s.tensors.at(name), t)) throw std::runtime_error("other contents: " + name);
+            if (!s.tensors.count(name) || !same(s.tensors.at(name), t))
+              throw std::runtime_error("other contents: " + name);
           }
         });
         ++counts[o.what];

@@ -11,10 +11,10 @@
 #include <mpiddp/checkpoint.hpp>
 #include <mpiddp/compat.hpp>
 #include <mpiddp/ddp.hpp>
-#include <mpiddp/precision.hpp>
 #include <mpiddp/gpt.hpp>
 #include <mpiddp/memory_plan.hpp>
 #include <mpiddp/optim.hpp>
+#include <mpiddp/precision.hpp>
 #include <mpiddp/zero.hpp>
 
 #include <torch/torch.h>
@@ -96,8 +96,9 @@ Case cnn() {
 // stay outside them.
 Case sequential() {
   return {[] {
-            torch::nn::Sequential seq(torch::nn::Linear(20, 33), torch::nn::LayerNorm(torch::nn::LayerNormOptions({33})),
-                                      torch::nn::ReLU(), torch::nn::Linear(33, 7), torch::nn::Tanh(), torch::nn::Linear(7, 4));
+            torch::nn::Sequential seq(torch::nn::Linear(20, 33),
+                                      torch::nn::LayerNorm(torch::nn::LayerNormOptions({33})), torch::nn::ReLU(),
+                                      torch::nn::Linear(33, 7), torch::nn::Tanh(), torch::nn::Linear(7, 4));
             return mpiddp::SequentialUnits(seq, mpiddp::wrap_type<torch::nn::LinearImpl>()).ptr();
           },
           [](torch::nn::Module& m, int step, int micro, int rank, c10::Device device) {
@@ -159,8 +160,10 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   for (const auto& p : params) (p.dim() >= 2 ? decay : rest).push_back(p);
   const auto o = torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(adam_eps);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o).weight_decay(0.1)));
-  groups.emplace_back(rest, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o).weight_decay(0)));
+  groups.emplace_back(decay,
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o).weight_decay(0.1)));
+  groups.emplace_back(rest,
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o).weight_decay(0)));
   return std::make_shared<mpiddp::FusedAdamW>(std::move(groups), o);
 }
 
@@ -168,15 +171,15 @@ struct Spec {
   int stage = 0;
   std::string optimizer = "adamw";
   double adam_eps = 1e-8;
-  double clip = 0;      // 0: none
+  double clip = 0;  // 0: none
   int accum = 1;
   int64_t bucket_cap = mpiddp::kDefaultBucketCapBytes;
   std::string backend = "mpi";
   std::optional<c10::ScalarType> compression;  // gradients on the wire
-  c10::Device device = c10::kCPU;               // of the model, its data and the optimizer's state
-  bool checkpointing = false;                   // the model's blocks (mpiddp::Checkpointable)
-  c10::ScalarType precision = c10::kFloat;      // autocast of the forward
-  mpiddp::ZeroOptions zero;                     // stage 3's gathering
+  c10::Device device = c10::kCPU;              // of the model, its data and the optimizer's state
+  bool checkpointing = false;                  // the model's blocks (mpiddp::Checkpointable)
+  c10::ScalarType precision = c10::kFloat;     // autocast of the forward
+  mpiddp::ZeroOptions zero;                    // stage 3's gathering
 };
 
 struct Training {
@@ -213,7 +216,7 @@ Training start(const Case& c, const Spec& s) {
   mpiddp::DdpOptions d;
   d.reduction = mpiddp::zero_reduction(s.stage, s.compression);
   d.bucket_cap_bytes = d.first_bucket_cap_bytes = s.bucket_cap;
-  if (s.stage == 3) d.units = units_of(*r.model);
+  if (s.stage == 3) d.bucket_groups = units_of(*r.model);
   r.ddp = std::make_unique<mpiddp::DistributedDataParallel>(r.model, mpiddp::testing::checked_group(s.backend), d);
   r.optimizer = make_optimizer(s.optimizer, *r.model, s.adam_eps);
   if (s.stage > 0) r.zero = std::make_unique<mpiddp::ZeroOptimizer>(*r.ddp, *r.optimizer, s.zero);
@@ -437,17 +440,20 @@ TEST(Zero, Stage3HoldsItsSlicesAndGathersOnlyWhatAUnitNeeds) {
     struct Probe : mpiddp::UnitHooks {
       mpiddp::UnitHooks* inner = nullptr;
       std::function<std::set<size_t>()> gathered;
-      std::map<size_t, std::set<size_t>> set_of;        // each unit and those it borrows
-      std::vector<std::pair<size_t, std::set<size_t>>> seen;  // per forward: the unit, what was gathered
+      std::map<size_t, std::set<size_t>> set_of;                       // each unit and those it borrows
+      std::vector<std::pair<size_t, std::set<size_t>>> seen;           // per forward: the unit, what was gathered
       std::vector<std::pair<size_t, std::set<size_t>>> seen_backward;  // the same before each backward
       torch::Tensor run(size_t unit, const mpiddp::UnitForward& forward, const torch::Tensor& input,
                         const std::vector<size_t>& borrowed) override {
         set_of[unit] = {unit};
         set_of[unit].insert(borrowed.begin(), borrowed.end());
-        auto output = inner->run(unit, [&, unit](const torch::Tensor& x) {
-          seen.emplace_back(unit, gathered());
-          return forward(x);
-        }, input, borrowed);
+        auto output = inner->run(
+            unit,
+            [&, unit](const torch::Tensor& x) {
+              seen.emplace_back(unit, gathered());
+              return forward(x);
+            },
+            input, borrowed);
         // Runs after the hook the inner run put on the output: once that unit's set is gathered.
         output.register_hook([this, unit](const torch::Tensor& grad) {
           seen_backward.emplace_back(unit, gathered());
@@ -477,8 +483,8 @@ TEST(Zero, Stage3HoldsItsSlicesAndGathersOnlyWhatAUnitNeeds) {
       if (prefetch && next) allowed.insert(probe.set_of[*next].begin(), probe.set_of[*next].end());
       const bool needs_met = std::includes(live.begin(), live.end(), needed.begin(), needed.end());
       const bool no_more = std::includes(allowed.begin(), allowed.end(), live.begin(), live.end());
-      MPIDDP_EXPECT_ALL(needs_met && no_more) << "prefetch " << prefetch << ", " << when << " unit " << unit << ": "
-                                              << live.size() << " units gathered";
+      MPIDDP_EXPECT_ALL(needs_met && no_more)
+          << "prefetch " << prefetch << ", " << when << " unit " << unit << ": " << live.size() << " units gathered";
     };
     bool prefetched = false;
     for (const auto& [unit, live] : probe.seen) {
@@ -549,7 +555,7 @@ mpiddp::GptConfig wide_gpt_config(int64_t layers) {
 int64_t slice_bytes(mpiddp::DistributedDataParallel& ddp) {
   int64_t bytes = 0;
   for (const auto& bucket : ddp.buckets()) {
-    if (bucket.unit >= 0) bytes += bucket.padded / ddp.process_group().size() * 4;
+    if (bucket.group >= 0) bytes += bucket.padded / ddp.process_group().size() * 4;
   }
   return bytes;
 }
@@ -567,7 +573,7 @@ TEST(Zero, Stage3ShardsTheModelWithoutASecondCopy) {
   auto model = std::make_shared<mpiddp::GptImpl>(config);
   mpiddp::DdpOptions d;
   d.reduction = mpiddp::zero_reduction(3);
-  d.units = units_of(*model);
+  d.bucket_groups = units_of(*model);
   mpiddp::DistributedDataParallel ddp(model, mpiddp::testing::checked_group("mpi"), d);
   auto optimizer = make_optimizer("adamw", *model);
   const int64_t slices = slice_bytes(ddp);
@@ -600,7 +606,7 @@ TEST(Zero, Stage3InitialisesADeferredGptUnitByUnitAsTheWholeOne) {
   for (const auto& p : model->parameters()) MPIDDP_EXPECT_ALL(mpiddp::is_deferred(p));
   mpiddp::DdpOptions d;
   d.reduction = mpiddp::zero_reduction(3);
-  d.units = units_of(*model);
+  d.bucket_groups = units_of(*model);
   mpiddp::DistributedDataParallel ddp(model, mpiddp::testing::checked_group("mpi"), d);
   auto optimizer = make_optimizer("adamw", *model);
   const int64_t slices = slice_bytes(ddp);
@@ -677,14 +683,15 @@ TEST(Zero, GatheredStateIsDdpsAndResumes) {
       const auto mine = adamw.fields_of(*it->second);
       // The same parameter of the DDP run: same position in the distinct list.
       const auto mine_params = distinct(zero.model->parameters()), ref_params = distinct(ddp.model->parameters());
-      const auto k = static_cast<size_t>(std::find_if(mine_params.begin(), mine_params.end(),
-                                                      [&](const auto& q) { return q.is_same(p); }) -
-                                         mine_params.begin());
+      const auto k = static_cast<size_t>(
+          std::find_if(mine_params.begin(), mine_params.end(), [&](const auto& q) { return q.is_same(p); }) -
+          mine_params.begin());
       const auto& ref_state = ddp.optimizer->state();
-      const auto ref =
-          adamw.fields_of(*ref_state.at(mpiddp::compat::optimizer_state_key(ref_state, ref_params[k].unsafeGetTensorImpl())));
+      const auto ref = adamw.fields_of(
+          *ref_state.at(mpiddp::compat::optimizer_state_key(ref_state, ref_params[k].unsafeGetTensorImpl())));
       worst = std::max(worst, mine.step == ref.step ? 0.0 : 1e9);
-      for (const auto& [name, t] : ref.tensors) worst = std::max(worst, (mine.tensors.at(name) - t).abs().max().item<double>());
+      for (const auto& [name, t] : ref.tensors)
+        worst = std::max(worst, (mine.tensors.at(name) - t).abs().max().item<double>());
     }
     MPIDDP_EXPECT_ALL(!root || (states == distinct(zero.model->parameters()).size() && worst <= 1e-6))
         << "stage " << stage << ": " << states << " states, max diff " << worst;
@@ -694,7 +701,8 @@ TEST(Zero, GatheredStateIsDdpsAndResumes) {
     zero.zero->gather_state(-1);
     zero.end_zero();
     zero.zero = std::make_unique<mpiddp::ZeroOptimizer>(*zero.ddp, *zero.optimizer);
-    if (auto* split = dynamic_cast<mpiddp::UnitModule*>(zero.model.get())) split->set_unit_hooks(zero.zero->unit_hooks());
+    if (auto* split = dynamic_cast<mpiddp::UnitModule*>(zero.model.get()))
+      split->set_unit_hooks(zero.zero->unit_hooks());
     MPIDDP_EXPECT_ALL(zero.optimizer->state().empty());
     train(zero, gpt(), s, 3, 2);
     train(ddp, gpt(), s, 3, 2);
@@ -707,16 +715,19 @@ TEST(Zero, GatheredStateIsDdpsAndResumes) {
 TEST(Zero, RefusesWhatItCannotShard) {
   Spec s;
   Training plain = start(mlp(), s);  // stage 0
-  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::ZeroOptimizer z(*plain.ddp, *plain.optimizer); }).find("zero_reduction(1, 2 or 3)") !=
+  MPIDDP_EXPECT_ALL(error_of([&] {
+                      mpiddp::ZeroOptimizer z(*plain.ddp, *plain.optimizer);
+                    }).find("zero_reduction(1, 2 or 3)") != std::string::npos);
+  MPIDDP_EXPECT_ALL(error_of([] { mpiddp::zero_reduction(4); }).find("or 3 (and parameters), got 4") !=
                     std::string::npos);
-  MPIDDP_EXPECT_ALL(error_of([] { mpiddp::zero_reduction(4); }).find("or 3 (and parameters), got 4") != std::string::npos);
   // A parameter in two units.
   auto model = std::make_shared<MlpImpl>(3);
   mpiddp::DdpOptions d;
   d.reduction = mpiddp::zero_reduction(3);
-  d.units = {model->layers[0]->parameters(), model->layers[0]->parameters()};
-  MPIDDP_EXPECT_ALL(error_of([&] { mpiddp::DistributedDataParallel(model, mpiddp::testing::checked_group("mpi"), d); })
-                        .find("is in two units (0 and 1)") != std::string::npos);
+  d.bucket_groups = {model->layers[0]->parameters(), model->layers[0]->parameters()};
+  MPIDDP_EXPECT_ALL(error_of([&] {
+                      mpiddp::DistributedDataParallel(model, mpiddp::testing::checked_group("mpi"), d);
+                    }).find("is in two bucket groups (0 and 1)") != std::string::npos);
   // A wrap policy that picks nothing.
   MPIDDP_EXPECT_ALL(error_of([] {
                       mpiddp::SequentialUnits(torch::nn::Sequential(torch::nn::ReLU(), torch::nn::Tanh()),

@@ -25,8 +25,8 @@ class RankReporter : public ::testing::EmptyTestEventListener {
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
     std::ostringstream out;
-    out << (result.file_name() ? result.file_name() : "?") << ":" << result.line_number() << ": "
-        << result.summary() << "\n";
+    out << (result.file_name() ? result.file_name() : "?") << ":" << result.line_number() << ": " << result.summary()
+        << "\n";
     failures_ += out.str();
   }
 

@@ -66,12 +66,12 @@ inline void float32_on_gpu() {
 
 /// Skips the current test on every rank (or fails it, under MPIDDP_REQUIRE_GPU=1) unless every
 /// rank can use CUDA.
-#define MPIDDP_SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                            \
-    if (!::mpiddp::testing::cuda_on_all_ranks()) {                                                \
+#define MPIDDP_SKIP_WITHOUT_GPU()                                                                    \
+  do {                                                                                               \
+    if (!::mpiddp::testing::cuda_on_all_ranks()) {                                                   \
       if (::mpiddp::testing::gpu_required()) FAIL() << "MPIDDP_REQUIRE_GPU=1 but a rank has no GPU"; \
-      GTEST_SKIP() << "needs a CUDA libtorch and a GPU on every rank";                           \
-    }                                                                                             \
+      GTEST_SKIP() << "needs a CUDA libtorch and a GPU on every rank";                               \
+    }                                                                                                \
   } while (0)
 
 /// Asserts `cond` on every rank after the ranks have agreed: fails everywhere if any rank failed.

@@ -56,9 +56,12 @@ inline Outcome run_isolated(const std::function<void()>& read) {
     return {sig == SIGALRM ? Outcome::kHung : Outcome::kCrashed, strsignal(sig)};
   }
   switch (WEXITSTATUS(status)) {
-    case 0: return {Outcome::kAccepted, ""};
-    case 3: return {Outcome::kCleanError, message};
-    default: return {Outcome::kOtherException, message};
+    case 0:
+      return {Outcome::kAccepted, ""};
+    case 3:
+      return {Outcome::kCleanError, message};
+    default:
+      return {Outcome::kOtherException, message};
   }
 }
 

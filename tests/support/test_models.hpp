@@ -17,8 +17,10 @@ struct SmallCnnImpl : torch::nn::Module, mpiddp::UnitModule {
     fc = register_module("fc", torch::nn::Linear(8 * 5 * 5, 10));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = run_unit(0, [this](const torch::Tensor& t) { return torch::max_pool2d(torch::relu(conv1(t)), 2); }, x);
-    h = run_unit(1, [this](const torch::Tensor& t) { return torch::max_pool2d(torch::relu(conv2(t)), 2); }, h);
+    auto h = run_unit(
+        0, [this](const torch::Tensor& t) { return torch::max_pool2d(torch::relu(conv1(t)), 2); }, x);
+    h = run_unit(
+        1, [this](const torch::Tensor& t) { return torch::max_pool2d(torch::relu(conv2(t)), 2); }, h);
     return fc(h.flatten(1));
   }
   std::vector<std::shared_ptr<torch::nn::Module>> units() const override { return {conv1.ptr(), conv2.ptr()}; }

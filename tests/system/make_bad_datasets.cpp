@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
-#include <vector>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   raw(dir + "/mismatch.h5", 8, 7, true);
   raw(dir + "/empty.h5", 0, 0, true);
   // Labels 0..9 in a file that declares 5 classes.
-  mpiddp::write_dataset(dir + "/labels.h5", torch::rand({40, 20}), torch::arange(40, torch::kLong).remainder(10), 1.0, 5);
+  mpiddp::write_dataset(dir + "/labels.h5", torch::rand({40, 20}), torch::arange(40, torch::kLong).remainder(10), 1.0,
+                        5);
   mpiddp::write_dataset(dir + "/three.h5", torch::rand({3, 20}), torch::rand({3, 1}));
   // A regression set whose row 21 holds a NaN: without shuffling, at 2 ranks x batch 4 it is in
   // global step 2 (rows 16..23), on rank 1 (odd rows).

@@ -76,7 +76,7 @@ std::vector<torch::Tensor> gpt_gradients(bool checkpointed, c10::ScalarType prec
     mpiddp::Autocast autocast(c10::kCPU, precision);
     auto logits = gpt->forward(tokens.narrow(1, 0, 8));
     loss = torch::nn::functional::cross_entropy(logits.reshape({-1, 29}).to(torch::kFloat),
-                                                 tokens.narrow(1, 1, 8).reshape(-1));
+                                                tokens.narrow(1, 1, 8).reshape(-1));
   }
   loss.backward();
   std::vector<torch::Tensor> out{loss.detach()};
@@ -106,7 +106,8 @@ TEST(Checkpoint, KeepsOnlyItsInputsAndParameters) {
   // One node whose edges lead to the input and the 4 parameters, nothing of the block inside.
   EXPECT_EQ(y.grad_fn()->next_edges().size(), 1u + 4u);  // x, a.weight, a.bias, b.weight, b.bias
   size_t to_leaves = 0;
-  for (const auto& e : y.grad_fn()->next_edges()) to_leaves += e.function && e.function->name().find("AccumulateGrad") != std::string::npos;
+  for (const auto& e : y.grad_fn()->next_edges())
+    to_leaves += e.function && e.function->name().find("AccumulateGrad") != std::string::npos;
   EXPECT_EQ(to_leaves, 5u);
 }
 
@@ -132,7 +133,8 @@ TEST(Checkpoint, GptBlocksCheckpointedEqualThePlainGpt) {
     const auto plain = gpt_gradients(false, precision), checked = gpt_gradients(true, precision);
     ASSERT_EQ(plain.size(), checked.size());
     double worst = 0;
-    for (size_t i = 0; i < plain.size(); ++i) worst = std::max(worst, (plain[i] - checked[i]).abs().max().item<double>());
+    for (size_t i = 0; i < plain.size(); ++i)
+      worst = std::max(worst, (plain[i] - checked[i]).abs().max().item<double>());
     EXPECT_LE(worst, 1e-6) << mpiddp::precision_name(precision);
   }
   // Evaluation is unchanged too (no gradient mode: the blocks run plainly).

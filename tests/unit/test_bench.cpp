@@ -9,6 +9,7 @@
 
 using namespace mpiddp::app::bench;
 using mpiddp::Collective;
+using mpiddp::traits;
 
 TEST(BenchSize, Suffixes) {
   EXPECT_EQ(parse_size("8"), 8);
@@ -23,15 +24,15 @@ TEST(BenchSize, Suffixes) {
 
 TEST(BenchFormula, BusFactorsMatchNcclTests) {
   for (int n : {1, 2, 3, 4, 8}) {
-    EXPECT_DOUBLE_EQ(bus_factor(Collective::kAllreduce, n), 2.0 * (n - 1) / n);
-    EXPECT_DOUBLE_EQ(bus_factor(Collective::kAllgather, n), (n - 1.0) / n);
-    EXPECT_DOUBLE_EQ(bus_factor(Collective::kReduceScatter, n), (n - 1.0) / n);
-    EXPECT_DOUBLE_EQ(bus_factor(Collective::kAlltoall, n), (n - 1.0) / n);
-    EXPECT_DOUBLE_EQ(bus_factor(Collective::kBroadcast, n), 1.0);
+    EXPECT_DOUBLE_EQ(traits(Collective::kAllreduce).bus_factor(n), 2.0 * (n - 1) / n);
+    EXPECT_DOUBLE_EQ(traits(Collective::kAllgather).bus_factor(n), (n - 1.0) / n);
+    EXPECT_DOUBLE_EQ(traits(Collective::kReduceScatter).bus_factor(n), (n - 1.0) / n);
+    EXPECT_DOUBLE_EQ(traits(Collective::kAlltoall).bus_factor(n), (n - 1.0) / n);
+    EXPECT_DOUBLE_EQ(traits(Collective::kBroadcast).bus_factor(n), 1.0);
   }
   // 1 GB in 0.5 s is 2 GB/s; 2 ranks' allreduce bus bandwidth equals its algorithm bandwidth.
   EXPECT_DOUBLE_EQ(algbw_gbps(1000000000, 0.5), 2.0);
-  EXPECT_DOUBLE_EQ(algbw_gbps(1000000000, 0.5) * bus_factor(Collective::kAllreduce, 2), 2.0);
+  EXPECT_DOUBLE_EQ(algbw_gbps(1000000000, 0.5) * traits(Collective::kAllreduce).bus_factor(2), 2.0);
   EXPECT_DOUBLE_EQ(algbw_gbps(1 << 20, 0.0), 0.0);
 }
 

@@ -10,8 +10,8 @@ TEST(Buckets, ReverseOrderWithFirstBucketCap) {
   // float32 params of 100, 200, 300, 400 elements (400..1600 bytes); first cap 1000 B, cap 2000 B.
   auto b = assign_buckets({100, 200, 300, 400}, std::vector<c10::ScalarType>(4, c10::kFloat), 2000, 1000);
   ASSERT_EQ(b.size(), 3u);
-  EXPECT_EQ(b[0].params, (std::vector<size_t>{3}));        // 1600 B alone: bigger than the first cap
-  EXPECT_EQ(b[1].params, (std::vector<size_t>{2, 1}));     // 1200 + 800 = 2000 B
+  EXPECT_EQ(b[0].params, (std::vector<size_t>{3}));     // 1600 B alone: bigger than the first cap
+  EXPECT_EQ(b[1].params, (std::vector<size_t>{2, 1}));  // 1200 + 800 = 2000 B
   EXPECT_EQ(b[2].params, (std::vector<size_t>{0}));
   EXPECT_EQ(b[1].offsets, (std::vector<int64_t>{0, 300}));
   EXPECT_EQ(b[1].numel, 500);
@@ -41,19 +41,22 @@ TEST(Buckets, DtypeChangeStartsNewBucket) {
   EXPECT_EQ(b[1].dtype, c10::kFloat);
 }
 
-TEST(Buckets, EachUnitItsOwnBucketWhateverTheCap) {
-  // Parameters 0 (no unit), 1-2 (unit 0), 3-4 (unit 1), 5 (no unit); caps of 8 bytes: two floats.
-  std::vector<c10::ScalarType> f(6, c10::kFloat);
-  auto b = assign_buckets({1, 100, 100, 100, 100, 1}, f, 8, 8, {-1, 0, 0, 1, 1, -1});
-  ASSERT_EQ(b.size(), 4u);
-  EXPECT_EQ(b[0].params, (std::vector<size_t>{5}));  // outside the units: by the caps
-  EXPECT_EQ(b[0].unit, -1);
-  EXPECT_EQ(b[1].params, (std::vector<size_t>{4, 3}));  // 800 B over the cap: one bucket still
-  EXPECT_EQ(b[1].unit, 1);
-  EXPECT_EQ(b[2].params, (std::vector<size_t>{2, 1}));
-  EXPECT_EQ(b[2].unit, 0);
-  EXPECT_EQ(b[3].params, (std::vector<size_t>{0}));
-  EXPECT_EQ(b[3].unit, -1);
+TEST(Buckets, GroupsShareNoBucketAndEachGoesByTheCaps) {
+  // Parameters 0 (no group), 1-3 (group 0), 4-5 (group 1), 6 (no group); first cap 4 bytes, then
+  // 12 bytes (three floats): a group's parameters fill buckets by the caps, never with another's.
+  std::vector<c10::ScalarType> f(7, c10::kFloat);
+  auto b = assign_buckets({1, 2, 1, 1, 1, 1, 1}, f, 12, 4, {-1, 0, 0, 0, 1, 1, -1});
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ(b[0].params, (std::vector<size_t>{6}));  // in no group
+  EXPECT_EQ(b[0].group, -1);
+  EXPECT_EQ(b[1].params, (std::vector<size_t>{5, 4}));  // group 1 alone, though the cap holds three
+  EXPECT_EQ(b[1].group, 1);
+  EXPECT_EQ(b[2].params, (std::vector<size_t>{3, 2}));  // group 0: 8 B, then 2 floats more would be 16 > 12
+  EXPECT_EQ(b[2].group, 0);
+  EXPECT_EQ(b[3].params, (std::vector<size_t>{1}));
+  EXPECT_EQ(b[3].group, 0);
+  EXPECT_EQ(b[4].params, (std::vector<size_t>{0}));
+  EXPECT_EQ(b[4].group, -1);
   EXPECT_THROW(assign_buckets({1, 2}, {c10::kFloat, c10::kFloat}, 8, 8, {0}), mpiddp::Error);
 }
 
@@ -71,7 +74,7 @@ TEST(BucketCap, TheReductionChoosesItUnlessTheUserDid) {
   for (int stage : {1, 2}) {
     const auto r = mpiddp::zero_reduction(stage);
     EXPECT_EQ(r->bucket_cap(gpt), gpt / 16) << "stage " << stage;
-    EXPECT_EQ(r->bucket_cap(4 * mib), mib) << "stage " << stage;                 // at least 1 MiB
+    EXPECT_EQ(r->bucket_cap(4 * mib), mib) << "stage " << stage;                // at least 1 MiB
     EXPECT_EQ(r->bucket_cap(int64_t{4} << 30), 25 * mib) << "stage " << stage;  // at most DDP's
   }
 }

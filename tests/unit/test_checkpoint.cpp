@@ -1,12 +1,12 @@
 // Snapshot files: exact round trip of every dtype, atomic replacement, the directory's latest.h5
 // and keep-K rule, and refusal of truncated, bit-flipped and foreign files.
-#include <mpiddp/snapshot.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/snapshot.hpp>
 
 #include <gtest/gtest.h>
-#include "error_of.hpp"
 #include <hdf5.h>
 #include <torch/torch.h>
+#include "error_of.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -71,7 +71,6 @@ void flip_byte(const std::string& path, std::streamoff at) {
   io.put(static_cast<char>(c ^ 0x10));
 }
 
-
 }  // namespace
 
 TEST(Snapshot, RoundTripIsExact) {
@@ -104,7 +103,7 @@ TEST(Snapshot, BitFlipInDataIsRefused) {
   flip_byte(dir / "a.h5", static_cast<std::streamoff>(data_offset(dir / "a.h5", "model/0.weight")) + 5);
   const auto why = error_of([&] { mpiddp::read_snapshot(dir / "a.h5"); });
   EXPECT_NE(why.find("is corrupt: the CRC-32 of its bytes does not match the one in its header"), std::string::npos)
-          << why;
+      << why;
 }
 
 TEST(Snapshot, HeaderNamesSizeAndChecksumAndHdf5ToolsSkipIt) {
@@ -113,7 +112,7 @@ TEST(Snapshot, HeaderNamesSizeAndChecksumAndHdf5ToolsSkipIt) {
   const auto bytes = mpiddp::read_file_bytes(dir / "a.h5");
   const std::string head(bytes.data(), 512);
   EXPECT_EQ(head.rfind("mpiddp-snapshot 2\nbytes " + std::to_string(bytes.size()) + "\ncrc32-after-512 ", 0), 0u)
-          << head.c_str();
+      << head.c_str();
   // The header is an HDF5 user block: plain HDF5 (h5py, h5dump) opens the file as it is.
   hid_t f = H5Fopen((dir / "a.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0);
@@ -142,8 +141,9 @@ TEST(Snapshot, Format1FilesWrittenBeforeTheHeaderAreStillRead) {
   EXPECT_EQ(s.tensors.at("model/fc.weight").sizes(), (std::vector<int64_t>{1, 4}));
   auto bytes = mpiddp::read_file_bytes(old);
   bytes[data_offset(old, "model/fc.weight") + 2] ^= 0x01;  // a weight's bit: the inner CRC still catches it
-  EXPECT_NE(error_of([&] { mpiddp::read_snapshot_image(bytes, "old"); }).find("is corrupt: its checksum does not match"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { mpiddp::read_snapshot_image(bytes, "old"); }).find("is corrupt: its checksum does not match"),
+      std::string::npos);
 }
 
 TEST(Snapshot, TruncatedFileIsRefused) {
@@ -158,8 +158,9 @@ TEST(Snapshot, TruncatedFileIsRefused) {
 TEST(Snapshot, ForeignFilesAreRefused) {
   TempDir dir;
   std::ofstream(dir / "text.h5") << "not hdf5 at all\n";
-  EXPECT_NE(error_of([&] { mpiddp::read_snapshot(dir / "text.h5"); })
-                    .find("is not an mpiddp snapshot (it starts neither with mpiddp's header nor with HDF5's signature)"),
+  EXPECT_NE(error_of([&] {
+              mpiddp::read_snapshot(dir / "text.h5");
+            }).find("is not an mpiddp snapshot (it starts neither with mpiddp's header nor with HDF5's signature)"),
             std::string::npos);
   hid_t f = H5Fcreate((dir / "plain.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   H5Fclose(f);

@@ -15,8 +15,8 @@ namespace {
 po::options_description demo_options() {
   po::options_description d("demo");
   d.add_options()("help", "help")("config", po::value<std::string>(), "config file")(
-      "batch-size", po::value<int>()->default_value(32), "batch")("lr", po::value<double>()->default_value(0.1),
-                                                                  "lr")("name", po::value<std::string>(), "name");
+      "batch-size", po::value<int>()->default_value(32), "batch")("lr", po::value<double>()->default_value(0.1), "lr")(
+      "name", po::value<std::string>(), "name");
   return d;
 }
 

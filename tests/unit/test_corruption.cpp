@@ -6,9 +6,9 @@
 // every damaged file is refused with one clean line naming it (their header carries the whole
 // file's CRC-32, checked before HDF5 parses a byte). A damaged dataset may still read (its values
 // are the user's, with no checksum of ours); a damaged structure must be a clean error.
-#include <mpiddp/snapshot.hpp>
 #include <mpiddp/data.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/snapshot.hpp>
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -40,10 +40,14 @@ constexpr int kSeedsPerKind = 150;
 enum class Kind { kBitFlip, kBytes8, kZero64, kTruncate };
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::kBitFlip: return "1-bit flip";
-    case Kind::kBytes8: return "8 random bytes";
-    case Kind::kZero64: return "64 zeroed bytes";
-    case Kind::kTruncate: return "truncation";
+    case Kind::kBitFlip:
+      return "1-bit flip";
+    case Kind::kBytes8:
+      return "8 random bytes";
+    case Kind::kZero64:
+      return "64 zeroed bytes";
+    case Kind::kTruncate:
+      return "truncation";
   }
   return "?";
 }
@@ -57,12 +61,18 @@ std::vector<char> corrupt(const std::vector<char>& original, Kind kind, uint32_t
     auto out = original;
     auto at = [&](size_t span) { return std::uniform_int_distribution<size_t>(0, n - span)(rng); };
     switch (kind) {
-      case Kind::kBitFlip: out[at(1)] ^= static_cast<char>(1u << (rng() % 8)); break;
+      case Kind::kBitFlip:
+        out[at(1)] ^= static_cast<char>(1u << (rng() % 8));
+        break;
       case Kind::kBytes8:
         for (int i = 0; i < 8; ++i) out[at(1)] ^= static_cast<char>(1 + rng() % 255);
         break;
-      case Kind::kZero64: std::fill_n(out.begin() + static_cast<std::ptrdiff_t>(at(64)), 64, '\0'); break;
-      case Kind::kTruncate: out.resize(std::uniform_int_distribution<size_t>(0, n - 1)(rng)); break;
+      case Kind::kZero64:
+        std::fill_n(out.begin() + static_cast<std::ptrdiff_t>(at(64)), 64, '\0');
+        break;
+      case Kind::kTruncate:
+        out.resize(std::uniform_int_distribution<size_t>(0, n - 1)(rng));
+        break;
     }
     if (out != original) return out;
   }
@@ -98,7 +108,8 @@ std::map<Kind, Tally> sweep(const std::vector<char>& original, const std::string
       ++t.counts[o.what];
       const std::string where = std::string(kind_name(kind)) + " seed " + std::to_string(seed) + ": ";
       if (o.what == Outcome::kCrashed) t.problems.push_back(where + "crashed (" + o.detail + ")");
-      if (o.what == Outcome::kHung) t.problems.push_back(where + "still running after " + std::to_string(kCaseSeconds) + " s");
+      if (o.what == Outcome::kHung)
+        t.problems.push_back(where + "still running after " + std::to_string(kCaseSeconds) + " s");
       if (o.what == Outcome::kOtherException) t.problems.push_back(where + "threw a non-mpiddp exception: " + o.detail);
       if (o.what == Outcome::kCleanError && !message_ok(o.detail)) t.problems.push_back(where + "message: " + o.detail);
     }
@@ -116,7 +127,7 @@ mpiddp::Snapshot trainer_like_snapshot() {
   torch::manual_seed(7);
   mpiddp::Snapshot s;
   const std::vector<std::pair<std::string, std::vector<int64_t>>> params = {
-          {"fc1.weight", {32, 20}}, {"fc1.bias", {32}}, {"fc2.weight", {10, 32}}, {"fc2.bias", {10}}};
+      {"fc1.weight", {32, 20}}, {"fc1.bias", {32}}, {"fc2.weight", {10, 32}}, {"fc2.bias", {10}}};
   for (const auto& [name, shape] : params) {
     s.tensors["model/" + name] = torch::randn(shape);
     s.tensors["optimizer/" + name + "/exp_avg"] = torch::randn(shape);
@@ -139,9 +150,10 @@ TEST(CorruptionSweep, EveryDamagedSnapshotIsACleanError) {
   const auto original = bytes_of(good);
   ASSERT_NO_THROW(mpiddp::read_snapshot_image(original, good));
   const auto tallies = sweep(
-          original, path,
-          [](const std::string& p, const std::vector<char>&) { mpiddp::read_snapshot(p); },
-          [&](const std::string& m) { return m.rfind("snapshot '" + path + "' ", 0) == 0 && m.find('\n') == std::string::npos; });
+      original, path, [](const std::string& p, const std::vector<char>&) { mpiddp::read_snapshot(p); },
+      [&](const std::string& m) {
+        return m.rfind("snapshot '" + path + "' ", 0) == 0 && m.find('\n') == std::string::npos;
+      });
   for (const auto& [kind, t] : tallies) {
     SCOPED_TRACE(kind_name(kind));
     std::cout << "snapshot, " << kind_name(kind) << " x " << kSeedsPerKind << ": " << t.summary() << "\n";
@@ -189,9 +201,8 @@ TEST(CorruptionSweep, DamagedDatasetsNeverCrashOrHang) {
     d.check_labels(d.info().num_classes > 0 ? d.info().num_classes : 1);
   };
   ASSERT_NO_THROW(read_all(good, original));
-  const auto tallies = sweep(original, path, read_all, [](const std::string& m) {
-    return !m.empty() && m.find('\n') == std::string::npos;
-  });
+  const auto tallies = sweep(original, path, read_all,
+                             [](const std::string& m) { return !m.empty() && m.find('\n') == std::string::npos; });
   for (const auto& [kind, t] : tallies) {
     SCOPED_TRACE(kind_name(kind));
     std::cout << "dataset, " << kind_name(kind) << " x " << kSeedsPerKind << ": " << t.summary() << "\n";

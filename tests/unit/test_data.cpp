@@ -3,10 +3,10 @@
 #include <mpiddp/error.hpp>
 
 #include <gtest/gtest.h>
-#include "error_of.hpp"
 #include <hdf5.h>
 #include <torch/torch.h>
 #include <zlib.h>
+#include "error_of.hpp"
 
 #include <pthread.h>
 
@@ -25,7 +25,6 @@ using mpiddp::testing::error_of;
 namespace {
 
 std::string tmp(const std::string& name) { return ::testing::TempDir() + "mpiddp_test_" + name; }
-
 
 // A file with /inputs of `n_in` rows and /targets of `n_tg` rows, written with HDF5 directly
 // (write_dataset refuses such files).
@@ -150,9 +149,9 @@ TEST(Sampler, ShuffleCoversEverySampleAndDependsOnEpochOnly) {
     seen.insert(v.begin(), v.end());
   }
   for (int64_t i = 0; i < n; ++i) EXPECT_GE(seen.count(i), 1u);
-  EXPECT_EQ(seen.size(), 102u);  // two padded repeats
-  EXPECT_EQ(all_ranks(0, 42), e0);           // deterministic: every rank computes the same order
-  EXPECT_NE(all_ranks(1, 42), e0);           // set_epoch reshuffles
+  EXPECT_EQ(seen.size(), 102u);                   // two padded repeats
+  EXPECT_EQ(all_ranks(0, 42), e0);                // deterministic: every rank computes the same order
+  EXPECT_NE(all_ranks(1, 42), e0);                // set_epoch reshuffles
   EXPECT_EQ(all_ranks(1, 41), all_ranks(0, 42));  // the generator is seeded with seed + epoch
   // The global order is torch.randperm(n) from a generator seeded with seed + epoch, as PyTorch.
   auto perm = torch::randperm(n, at::detail::createCPUGenerator(42), torch::kLong);
@@ -265,7 +264,12 @@ TEST(Prefetcher, StopsCleanlyWithBatchesLeftAndBlocksAsyncSignals) {
 
 TEST(Prefetcher, PauseHoldsTheReaderBetweenReads) {
   std::atomic<int> reads{0};  // counted as each read starts
-  mpiddp::BatchPrefetcher batches([&](int64_t i) { ++reads; return numbered(i); }, 100, 3);
+  mpiddp::BatchPrefetcher batches(
+      [&](int64_t i) {
+        ++reads;
+        return numbered(i);
+      },
+      100, 3);
   batches.next();
   while (reads.load() < 4) std::this_thread::yield();  // batches 1..3 queued (or the last in progress)
   {

@@ -60,8 +60,9 @@ TEST(Error, Hdf5CheckCarriesHdf5Text) {
 }
 
 TEST(Diagnostics, NcclEnvironmentFilteredAndSorted) {
-  std::vector<std::string> vars = {"PATH=/bin", "NCCL_DEBUG=INFO", "MY_NCCL_HOME=/opt/nccl", "NCCL_IB_HCA=mlx5_0=1",
-                                   "nccl_lower=ignored", "NOEQUALS"};
+  std::vector<std::string> vars = {
+      "PATH=/bin",          "NCCL_DEBUG=INFO", "MY_NCCL_HOME=/opt/nccl", "NCCL_IB_HCA=mlx5_0=1",
+      "nccl_lower=ignored", "NOEQUALS"};
   std::vector<char*> envp;
   for (auto& v : vars) envp.push_back(v.data());
   envp.push_back(nullptr);

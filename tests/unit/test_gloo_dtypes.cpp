@@ -7,9 +7,9 @@
 #include <mpiddp/compat.hpp>
 #include <mpiddp/config.hpp>
 
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/torch.h>
 
 namespace {
 

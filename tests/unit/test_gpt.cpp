@@ -35,15 +35,23 @@ TEST(Gpt, NamesAreNanoGptsStateDictKeysInOrder) {
   mpiddp::Gpt gpt(small(1));
   std::vector<std::string> names;
   for (const auto& p : gpt->named_parameters()) names.push_back(p.key());
-  const std::vector<std::string> want = {
-      "transformer.wte.weight", "transformer.wpe.weight",
-      "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias",
-      "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
-      "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias",
-      "transformer.h.0.ln_2.weight", "transformer.h.0.ln_2.bias",
-      "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias",
-      "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias",
-      "transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight"};
+  const std::vector<std::string> want = {"transformer.wte.weight",
+                                         "transformer.wpe.weight",
+                                         "transformer.h.0.ln_1.weight",
+                                         "transformer.h.0.ln_1.bias",
+                                         "transformer.h.0.attn.c_attn.weight",
+                                         "transformer.h.0.attn.c_attn.bias",
+                                         "transformer.h.0.attn.c_proj.weight",
+                                         "transformer.h.0.attn.c_proj.bias",
+                                         "transformer.h.0.ln_2.weight",
+                                         "transformer.h.0.ln_2.bias",
+                                         "transformer.h.0.mlp.c_fc.weight",
+                                         "transformer.h.0.mlp.c_fc.bias",
+                                         "transformer.h.0.mlp.c_proj.weight",
+                                         "transformer.h.0.mlp.c_proj.bias",
+                                         "transformer.ln_f.weight",
+                                         "transformer.ln_f.bias",
+                                         "lm_head.weight"};
   EXPECT_EQ(names, want);
   mpiddp::Gpt no_bias(small(1, false));
   for (const auto& p : no_bias->named_parameters()) EXPECT_EQ(p.key().find("bias"), std::string::npos) << p.key();
@@ -72,7 +80,8 @@ TEST(Gpt, InitialisationIsNanoGpts) {
     const auto& name = p.key();
     const auto& t = p.value();
     if (name.find(".ln_") != std::string::npos || name.rfind("transformer.ln_f", 0) == 0) {
-      EXPECT_TRUE(torch::equal(t, name.find("weight") != std::string::npos ? torch::ones_like(t) : torch::zeros_like(t)))
+      EXPECT_TRUE(
+          torch::equal(t, name.find("weight") != std::string::npos ? torch::ones_like(t) : torch::zeros_like(t)))
           << name;
     } else if (name.size() > 4 && name.substr(name.size() - 4) == "bias") {
       EXPECT_EQ(t.abs().max().item<double>(), 0.0) << name;
@@ -96,7 +105,9 @@ TEST(Gpt, LogitsOfEveryPositionAndCausal) {
   const auto again = gpt->forward(later);
   EXPECT_TRUE(torch::allclose(logits.narrow(1, 0, 12), again.narrow(1, 0, 12), 1e-5, 1e-6));
   EXPECT_FALSE(torch::allclose(logits.narrow(1, 12, 8), again.narrow(1, 12, 8), 1e-5, 1e-6));
-  EXPECT_NE(error_of([&] { gpt->forward(torch::zeros({1, 33}, torch::kLong)); }).find("block size is only 32"),
+  EXPECT_NE(error_of([&] {
+              gpt->forward(torch::zeros({1, 33}, torch::kLong));
+            }).find("block size is only 32"),
             std::string::npos);
 }
 
@@ -125,7 +136,8 @@ TEST(GptConfig, ChecksAndJson) {
   EXPECT_EQ(back.to_json(), c.to_json());
   EXPECT_EQ(back.n_layer, 3);
   EXPECT_FALSE(back.bias);
-  EXPECT_NE(error_of([] { mpiddp::GptConfig::from_json(R"({"n_layer": 2})"); }).find("lacks a field"), std::string::npos);
+  EXPECT_NE(error_of([] { mpiddp::GptConfig::from_json(R"({"n_layer": 2})"); }).find("lacks a field"),
+            std::string::npos);
 }
 
 TEST(CosineLr, IsNanoGptsGetLr) {

@@ -47,11 +47,20 @@ TEST(Launch, TorchrunsContract) {
   c.master_addr = "10.1.2.3";
   c.master_port = 41234;
   c.run_id = "777";
-  EnvPairs want = {{"RANK", "5"},         {"WORLD_SIZE", "8"},        {"LOCAL_RANK", "1"},
-                   {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},     {"GROUP_WORLD_SIZE", "2"},
-                   {"ROLE_NAME", "default"}, {"ROLE_RANK", "5"},        {"ROLE_WORLD_SIZE", "8"},
-                   {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "41234"}, {"TORCHELASTIC_RUN_ID", "777"},
-                   {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"}};
+  EnvPairs want = {{"RANK", "5"},
+                   {"WORLD_SIZE", "8"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "4"},
+                   {"GROUP_RANK", "1"},
+                   {"GROUP_WORLD_SIZE", "2"},
+                   {"ROLE_NAME", "default"},
+                   {"ROLE_RANK", "5"},
+                   {"ROLE_WORLD_SIZE", "8"},
+                   {"MASTER_ADDR", "10.1.2.3"},
+                   {"MASTER_PORT", "41234"},
+                   {"TORCHELASTIC_RUN_ID", "777"},
+                   {"TORCHELASTIC_RESTART_COUNT", "0"},
+                   {"TORCHELASTIC_MAX_RESTARTS", "0"}};
   EXPECT_EQ(torchrun_environment(c), want);
   c.store = StoreHost::kLauncher;  // torch/distributed/rendezvous.py compares with str(True)
   want.emplace_back("TORCHELASTIC_USE_AGENT_STORE", "True");
@@ -124,7 +133,8 @@ TEST(Launch, AReservedPortIsHeldYetAStoreCanListenOnIt) {
 }
 
 TEST(ChildProcess, RunsWithItsEnvironmentAndReportsHowItEnded) {
-  mpiddp::detail::ChildProcess ok({"sh", "-c", "[ \"$RANK\" = 3 ] && [ -z \"$HOME\" ]"}, {"RANK=3", "PATH=/usr/bin:/bin"});
+  mpiddp::detail::ChildProcess ok({"sh", "-c", "[ \"$RANK\" = 3 ] && [ -z \"$HOME\" ]"},
+                                  {"RANK=3", "PATH=/usr/bin:/bin"});
   EXPECT_TRUE(ok.wait().ok());
   mpiddp::detail::ChildProcess fails({"sh", "-c", "exit 3"}, {"PATH=/usr/bin:/bin"});
   const auto f = fails.wait();

@@ -51,7 +51,8 @@ void expect_same_state(const torch::optim::Optimizer& fused, const torch::optim:
     // The moments mix terms of order 1 (gradients ~ N(0, 1)): an element that cancels to near 0
     // keeps an absolute rounding error of a few float ulps of 1, whichever formula.
     EXPECT_TRUE(torch::allclose(f.exp_avg(), r.exp_avg(), 1e-5, 1e-6))
-        << c.name << " exp_avg " << i << " differs by " << (f.exp_avg() - r.exp_avg()).abs().max().template item<double>();
+        << c.name << " exp_avg " << i << " differs by "
+        << (f.exp_avg() - r.exp_avg()).abs().max().template item<double>();
     EXPECT_TRUE(torch::allclose(f.exp_avg_sq(), r.exp_avg_sq(), 1e-5, 1e-9)) << c.name << " exp_avg_sq " << i;
     EXPECT_EQ(f.max_exp_avg_sq().defined(), r.max_exp_avg_sq().defined()) << c.name;
     if (r.max_exp_avg_sq().defined()) {
@@ -102,8 +103,8 @@ const std::vector<Case> kCases = {{"adam", false, 0.0, false},
 
 int run(const Case& c, c10::ScalarType second_dtype, int steps) {
   if (c.adamw) {
-    return run_case<mpiddp::FusedAdamW, torch::optim::AdamW, torch::optim::AdamWOptions,
-                    torch::optim::AdamWParamState>(c, second_dtype, steps);
+    return run_case<mpiddp::FusedAdamW, torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+        c, second_dtype, steps);
   }
   return run_case<mpiddp::FusedAdam, torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
       c, second_dtype, steps);
@@ -155,7 +156,8 @@ TEST(FusedAdam, MixedDtypesTakeLibtorchsOwnStep) {
 TEST(FusedAdam, KernelFoundWhereLibtorchHasOne) {
   // The one expectation about the environment: libtorch 2.4 and later run both kernels on CPU, so
   // on such a libtorch (CI's Debian sid) the fast path must be the one taken.
-  if (!MPIDDP_TORCH_VERSION_AT_LEAST(2, 4)) GTEST_SKIP() << "libtorch " << mpiddp::compat::torch_version() << " has no CPU kernel";
+  if (!MPIDDP_TORCH_VERSION_AT_LEAST(2, 4))
+    GTEST_SKIP() << "libtorch " << mpiddp::compat::torch_version() << " has no CPU kernel";
   EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kFloat, false));
   EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kFloat, true));
   EXPECT_TRUE(mpiddp::fused_adam_runs(torch::kCPU, torch::kDouble, false));

@@ -15,8 +15,8 @@
 #include <string>
 
 #include "error_of.hpp"
-#include "scratch_dir.hpp"
 #include "io/safetensors.hpp"
+#include "scratch_dir.hpp"
 
 namespace fs = std::filesystem;
 using mpiddp::testing::error_of;
@@ -51,7 +51,6 @@ class Safetensors : public mpiddp::testing::ScratchDir {
     EXPECT_NE(message.find(fault), std::string::npos) << "want '" << fault << "' in: " << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
-
 };
 
 // A header entry: tensor `name` of `dtype` and `shape` at data bytes [begin, end).

@@ -1,7 +1,5 @@
 // The training loop's pure rules: the run plan against a simulation of fit()'s loops, the snapshot
-// policy, TrainerOptions::validate(), and the table of collectives against nccl-tests' formulas.
-#include <mpiddp/collective.hpp>
-#include <mpiddp/process_group.hpp>
+// policy and TrainerOptions::validate().
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
@@ -11,9 +9,9 @@
 #include <functional>
 #include <string>
 
-#include "train/run_position.hpp"
 #include "error_of.hpp"
 #include "snapshot/snapshot_policy.hpp"
+#include "train/run_position.hpp"
 
 using mpiddp::detail::RunPlan;
 using mpiddp::detail::RunPosition;
@@ -131,9 +129,11 @@ TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
       {[](auto& o) { o.cache_bytes = -1; }, "--cache_bytes must be >= 0"},
       {[](auto& o) { o.prefetch_batches = -1; }, "--prefetch_batches must be >= 0 (0: no reader thread), got -1"},
       {[](auto& o) { o.resume.clear(); }, "--resume takes auto, never or a snapshot file"},
-      {[](auto& o) { o.zero_stage = 4; }, "--zero_stage must be 0 (DDP), 1 (optimizer state sharded), 2 (and gradients) or 3"},
+      {[](auto& o) { o.zero_stage = 4; },
+       "--zero_stage must be 0 (DDP), 1 (optimizer state sharded), 2 (and gradients) or 3"},
       // The reduction is the Trainer's (from zero_stage): a library user who sets it is told, not overruled.
-      {[](auto& o) { o.ddp.reduction = mpiddp::zero_reduction(2); }, "--ddp.reduction is the Trainer's to choose: set --zero_stage"},
+      {[](auto& o) { o.ddp.reduction = mpiddp::zero_reduction(2); },
+       "--ddp.reduction is the Trainer's to choose: set --zero_stage"},
       {[](auto& o) { o.ddp.mean_tail_values = 2; }, "--ddp.mean_tail_values is the Trainer's (its step agreement)"},
   };
   for (const auto& c : cases) {
@@ -151,35 +151,4 @@ TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
   EXPECT_EQ(error_of([&] { o.validate(nullptr, 0); }),
             "TrainerOptions::resume: snapshot '/nonexistent/snapshot.h5' does not exist");
   EXPECT_EQ(error_of([&] { o.validate(nullptr, 1); }), "");
-}
-
-TEST(Collectives, TableFollowsTheEnumAndNcclTestsFormulas) {
-  using mpiddp::Collective;
-  using mpiddp::CountRule;
-  const std::vector<Collective> all = {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather,
-                                       Collective::kReduceScatter, Collective::kAlltoall, Collective::kBarrier};
-  ASSERT_EQ(mpiddp::collectives().size(), all.size());
-  for (auto c : all) {
-    const auto& t = mpiddp::traits(c);
-    EXPECT_EQ(t.kind, c);
-    EXPECT_EQ(mpiddp::parse_collective(t.name), c);
-    EXPECT_EQ(mpiddp::to_string(c), t.name);
-  }
-  for (int n : {1, 2, 3, 4, 8}) {  // nccl-tests' PERFORMANCE.md: busbw = algbw x factor
-    const double ring = static_cast<double>(n - 1) / n;
-    EXPECT_DOUBLE_EQ(mpiddp::traits(Collective::kAllreduce).bus_factor(n), 2 * ring);
-    EXPECT_DOUBLE_EQ(mpiddp::traits(Collective::kAllgather).bus_factor(n), ring);
-    EXPECT_DOUBLE_EQ(mpiddp::traits(Collective::kReduceScatter).bus_factor(n), ring);
-    EXPECT_DOUBLE_EQ(mpiddp::traits(Collective::kAlltoall).bus_factor(n), ring);
-    EXPECT_DOUBLE_EQ(mpiddp::traits(Collective::kBroadcast).bus_factor(n), 1.0);
-  }
-  // S, the whole array: the output of an allgather, the input of the others.
-  EXPECT_EQ(mpiddp::traits(Collective::kAllgather).array_elements(5, 20), 20);
-  EXPECT_EQ(mpiddp::traits(Collective::kReduceScatter).array_elements(20, 5), 20);
-  EXPECT_EQ(mpiddp::traits(Collective::kAllreduce).array_elements(7, 7), 7);
-  // MPI's own signatures: the reductions take an op, broadcast a root.
-  EXPECT_TRUE(mpiddp::traits(Collective::kAllreduce).reduces && mpiddp::traits(Collective::kReduceScatter).reduces);
-  EXPECT_FALSE(mpiddp::traits(Collective::kAllgather).reduces || mpiddp::traits(Collective::kAlltoall).reduces);
-  EXPECT_TRUE(mpiddp::traits(Collective::kBroadcast).rooted);
-  EXPECT_FALSE(mpiddp::traits(Collective::kBarrier).has_data());
 }

@@ -1,0 +1,77 @@
+// How a training run holds its model's parameters across the ranks, as one wrapper applied to the
+// model (FSDP2's fully_shard): ZeRO stage 3 shards the model's units (units.hpp), every other
+// stage holds the model whole. The one owner of what sharding the parameters asks of a run; the
+// Trainer makes one for its model and asks it, never the stage:
+//   adopt()          a deferred model (units.hpp) stays deferred where the units are sharded (they
+//                    are initialised one by one as they are sharded), and is made whole elsewhere
+//   configure()      DDP's buckets: each unit's parameters one bucket of its own
+//   zero_options()   ZeRO's: the units initialised when sharded (a fresh start) or left for a resume
+//   attach/detach    the model's units run through the ZeroOptimizer's gathers while it lives
+//   units_plan()     the memory plan's view of the parameters: the units' bytes, what is gathered
+//   lockstep_forwards()  a sharded forward is collective: the forwards a rank adds so that every
+//                    rank runs as many as the one with the most (evaluation)
+// The snapshot's reader restores the slices of a deferred model's units (deferred(), restore_shards).
+//
+// Cross-rank contract: every rank makes it alike (the same stage and model) and attaches and
+// detaches it at the same points.
+#pragma once
+
+#include <mpiddp/ddp.hpp>
+#include <mpiddp/model.hpp>
+#include <mpiddp/zero.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace mpiddp::detail {
+
+/// What the memory plan counts of the model's sharding (train/memory_plan.hpp).
+struct UnitsPlan {
+  std::vector<int64_t> unit_bytes;    ///< each sharded unit's trainable bytes; none where the model is whole
+  bool prefetch = true;               ///< ZeroOptions::prefetch
+  bool reshard_after_forward = true;  ///< ZeroOptions::reshard_after_forward
+};
+
+class ModelSharding {
+ public:
+  /// `model` held as ZeRO stage `zero_stage` holds it, with stage 3's `options`.
+  ModelSharding(Model& model, int zero_stage, ZeroOptions options);
+  ModelSharding(const ModelSharding&) = delete;
+  ModelSharding& operator=(const ModelSharding&) = delete;
+
+  /// Whether the model's units are sharded (stage 3).
+  bool shards_units() const { return shards_units_; }
+  /// Whether the model's parameters are deferred now: checked against the data and planned only
+  /// once sharded, and its units' slices read from a snapshot.
+  bool deferred() const;
+  /// The model as the Trainer takes it: whole unless its units are sharded (materialised now).
+  void adopt();
+  /// DDP's options for this model: its bucket groups.
+  void configure(DdpOptions& ddp) const;
+  /// The groups of parameters whose buckets hold no other group's: the units where they are sharded
+  /// (each sharded and gathered by its own buckets), else none.
+  std::vector<std::vector<torch::Tensor>> bucket_groups() const;
+  /// ZeRO's options: `initialise` has deferred units given their initial values as they are
+  /// sharded; else they start as zeros (a resume reads their slices next).
+  ZeroOptions zero_options(bool initialise) const;
+  /// The model's units run through `zero`'s gathers from now on (nothing below stage 3, or null).
+  void attach(const ZeroOptimizer* zero);
+  /// They run plainly again (before the ZeroOptimizer goes).
+  void detach();
+  /// The memory plan's view of the sharding: the units' bytes, prefetch, resharding.
+  UnitsPlan units_plan() const;
+  /// Forwards a rank with `mine` batches adds so that it runs `most`, the most any rank runs (a
+  /// sharded forward is collective); 0 where the model is whole.
+  int64_t lockstep_forwards(int64_t mine, int64_t most) const;
+
+ private:
+  Model& model_;
+  bool shards_units_;
+  ZeroOptions options_;
+};
+
+/// Whether ZeRO stage `zero_stage` shards the model's units' parameters (stage 3): `mpiddp train`
+/// builds a deferred model there.
+bool shards_units(int zero_stage);
+
+}  // namespace mpiddp::detail
