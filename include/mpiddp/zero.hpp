@@ -7,7 +7,7 @@
 // every bucket's parameters are all-gathered through a buffer of one bucket. Stage 1: DDP
 // all-reduces as usual (zero_reduction(1)) and the owned slices are read out of the averaged
 // buckets. Stage 2: DDP reduce-scatters each bucket during backward (zero_reduction(2)) and keeps
-// only the owned slice of the gradient. Stage 3: as stage 2, and each unit's bucket (DdpOptions::bucket_groups,
+// only the owned slice of the gradient. Stage 3: as stage 2, and each unit's buckets (DdpOptions::bucket_groups,
 // Model::units(); units.hpp) keeps only this rank's slice of its parameters too: the unit's
 // parameters are all-gathered just before its forward and its backward and freed after them
 // (src/zero/sharded_units.hpp), so a rank holds 1/N of the units' parameters, gradients and

@@ -98,7 +98,7 @@ int state_fields(const torch::optim::Optimizer& optimizer) {
   return 2;
 }
 
-int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+int64_t tensor_bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 // Drops a parameter's gradient as soon as autograd has accumulated it (the memory plan's probe).
 struct DropGradient : torch::autograd::FunctionPostHook {
@@ -219,12 +219,12 @@ std::vector<int64_t> gradient_buckets(const PlannedRun& run, int64_t trainable_b
     const auto it = group.find(p.unsafeGetTensorImpl());
     group_of.push_back(it == group.end() ? -1 : it->second);
   }
-  const int64_t cap = o.ddp.bucket_cap_bytes != kAutoBucketCap
-                          ? o.ddp.bucket_cap_bytes
-                          : zero_reduction(o.zero_stage)->bucket_cap(trainable_bytes);
+  const auto reduction = zero_reduction(o.zero_stage);
+  const int64_t cap =
+      o.ddp.bucket_cap_bytes != kAutoBucketCap ? o.ddp.bucket_cap_bytes : reduction->bucket_cap(trainable_bytes);
   std::vector<int64_t> out;
   for (const auto& b : assign_buckets(numels, dtypes, cap, o.ddp.first_bucket_cap_bytes, group_of)) {
-    out.push_back(b.numel * static_cast<int64_t>(c10::elementSize(b.dtype)));
+    out.push_back(reduction->padded(b.numel, run.pg.size()) * static_cast<int64_t>(c10::elementSize(b.dtype)));
   }
   return out;
 }
@@ -240,12 +240,12 @@ MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded, int
   for (const auto& named : {run.model.named_parameters(), run.model.named_buffers()}) {
     for (const auto& [name, t] : named) {
       if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
-      in.model_bytes += bytes_of(t);
-      if (!is_deferred(t)) in.model_resident += bytes_of(t);
-      in.largest_tensor = std::max(in.largest_tensor, bytes_of(t));
+      in.model_bytes += tensor_bytes(t);
+      if (!is_deferred(t)) in.model_resident += tensor_bytes(t);
+      in.largest_tensor = std::max(in.largest_tensor, tensor_bytes(t));
     }
   }
-  for (const auto& p : trainable_parameters(run.model)) in.trainable_bytes += bytes_of(p);
+  for (const auto& p : trainable_parameters(run.model)) in.trainable_bytes += tensor_bytes(p);
   in.world = run.pg.size();
   in.zero_stage = o.zero_stage;
   const UnitsPlan units = run.sharding.units_plan();

@@ -188,25 +188,23 @@ double Trainer::current_lr() const {
 // fit()'s phases, made in this order and ended in the reverse one (the Update last but DDP: at stage 3
 // it hands the units back before DDP's hooks go).
 struct Trainer::Run {
-  Run(Trainer& t, const RunPlan& plan, const RunPosition& from, int read_ahead, const Note& on_note)
+  Run(Trainer& t, const RunPlan& plan, int read_ahead)
       : plan(plan),
         ddp(t.model_->named_parameters(), t.model_->named_buffers(), t.pg_, t.ddp_options()),
         resident_before_sharding(resident_bytes()),
         agreement(ddp.mean_tail(), t.pg_),
-        progress(*t.logs_, t.options_, t.runtime_, plan, from, *t.throughput_, on_note),
         snapshots(t.options_),
-        profiler(t.options_, t.runtime_.rank()),
         read_ahead(read_ahead) {}
 
   const RunPlan plan;
   DistributedDataParallel ddp;
   const int64_t resident_before_sharding;  ///< the communication's buffers made, nothing sharded yet
   detail::StepAgreement agreement;
-  std::unique_ptr<detail::Update> update;  ///< once a resume has put the optimizer's state in place
-  detail::ProgressLog progress;
+  std::unique_ptr<detail::Update> update;        ///< once a resume has put the optimizer's state in place
+  std::optional<detail::ProgressLog> progress;   ///< once every start-up check passed (rank 0's logs)
   std::unique_ptr<detail::BatchSource> batches;  ///< from the position the run starts at
   const detail::SnapshotPolicy snapshots;
-  detail::StepProfiler profiler;
+  std::optional<detail::StepProfiler> profiler;
   const int read_ahead;
   std::optional<MemoryPlan> memory;
   int64_t steps_run = 0;    ///< by this fit(); the measured peak is reported after kMemoryCheckSteps
@@ -226,7 +224,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   auto run = start(note, on_note, result, p);
   for (; run->plan.running(p); p = p.next_epoch()) {
     const RunPosition epoch_start = p;
-    run->progress.start_epoch();
+    run->progress->start_epoch();
     detail::EpochClock clock;
     while (run->plan.epoch_running(p)) {
       const int stop_signal = step(*run, p, note);
@@ -241,7 +239,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
     p.seconds += clock.lap();
     EpochMetrics m = finish_epoch(p, epoch_start, run->update->loss_scale(), *run->batches);
     if (result.epochs.empty()) m.first_step_unix_s = run->first_step_unix_s;  // this run's first epoch
-    run->progress.on_epoch(m);
+    run->progress->on_epoch(m);
     result.epochs.push_back(m);
     if (on_epoch) {
       auto hold = run->batches->pause();  // the callback may use HDF5 too
@@ -254,7 +252,7 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
       result.last_snapshot = write_snapshot(*run, run->plan.epoch_done(p) ? p.next_epoch() : p);
     }
   }
-  if (const auto written = run->profiler.finish(); !written.empty()) note("profile written: " + written);
+  if (const auto written = run->profiler->finish(); !written.empty()) note("profile written: " + written);
   if (run->memory && run->steps_run > 0 && run->steps_run < kMemoryCheckSteps) {
     note(measured_memory(*run->memory, run->steps_run));
   }
@@ -275,7 +273,7 @@ std::unique_ptr<Trainer::Run> Trainer::start(const Note& note, const Note& on_no
     memory = planned();
     note(memory->describe());
   }
-  auto run = std::make_unique<Run>(*this, RunPlan(o.epochs, steps_per_epoch_, o.max_steps), p, read_ahead, on_note);
+  auto run = std::make_unique<Run>(*this, RunPlan(o.epochs, steps_per_epoch_, o.max_steps), read_ahead);
   run->update = std::make_unique<detail::Update>(*optimizer_, trainable_parameters(*model_), o, pg_, p, run->ddp,
                                                  *sharding_, /*initialise_units=*/!resumed);
   if (resumed) restore_shards(*resumed, run->update->zero(), deferred);  // under ZeRO each rank reads its slices
@@ -289,7 +287,9 @@ std::unique_ptr<Trainer::Run> Trainer::start(const Note& note, const Note& on_no
   }
   if (memory) reset_peak_resident_bytes();  // the measured peak is training's
   run->memory = memory;
+  run->progress.emplace(*logs_, o, runtime_, run->plan, p, *throughput_, on_note);
   run->batches = std::make_unique<detail::BatchSource>(*train_, o, runtime_, run->plan, p, run->read_ahead);
+  run->profiler.emplace(o, runtime_.rank());
   model_->train(true);
   return run;
 }
@@ -298,7 +298,7 @@ std::unique_ptr<Trainer::Run> Trainer::start(const Note& note, const Note& on_no
 // (or the step skipped), the progress line and the memory line.
 int Trainer::step(Run& run, RunPosition& p, const Note& note) {
   const Example batch = run.batches->next();
-  run.profiler.before_step(p.global_step);
+  run.profiler->before_step(p.global_step);
   set_lr({p.global_step, p.epoch, run.plan.total_steps});
   p.lr = current_lr();
   const auto step_loss =
@@ -314,9 +314,9 @@ int Trainer::step(Run& run, RunPosition& p, const Note& note) {
   }
   run.ddp.zero_grad();
   p.advance();
-  if (const auto written = run.profiler.after_step(p.global_step); !written.empty())
+  if (const auto written = run.profiler->after_step(p.global_step); !written.empty())
     note("profile written: " + written);
-  run.progress.on_step(p, loss, verdict.bad_rank >= 0);
+  run.progress->on_step(p, loss, verdict.bad_rank >= 0);
   if (++run.steps_run == kMemoryCheckSteps && run.memory) note(measured_memory(*run.memory, run.steps_run));
   if (run.first_step_unix_s == 0) run.first_step_unix_s = detail::unix_seconds();
   return verdict.stop_signal;

@@ -4,7 +4,7 @@
 // Trainer makes one for its model and asks it, never the stage:
 //   adopt()          a deferred model (units.hpp) stays deferred where the units are sharded (they
 //                    are initialised one by one as they are sharded), and is made whole elsewhere
-//   configure()      DDP's buckets: each unit's parameters one bucket of its own
+//   configure()      DDP's bucket groups: the units, no bucket holding two units' parameters
 //   zero_options()   ZeRO's: the units initialised when sharded (a fresh start) or left for a resume
 //   attach/detach    the model's units run through the ZeroOptimizer's gathers while it lives
 //   units_plan()     the memory plan's view of the parameters: the units' bytes, what is gathered
