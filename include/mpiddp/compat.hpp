@@ -100,6 +100,10 @@ void use_classic_tcp_store(TCPStoreOptions& options) {
 /// neither, and a tensor there converts silently to a one-tensor list).
 #define MPIDDP_HAS_FOREACH_CLIPPING MPIDDP_TORCH_VERSION_AT_LEAST(2, 4)
 
+/// Whether mpiddp trains .pt2 programs (torch.export; src/pt2): their training IR and archive
+/// format are PyTorch 2.6's (torch.export.export's default IR since then); 1.x has neither.
+#define MPIDDP_HAS_PT2 MPIDDP_TORCH_VERSION_AT_LEAST(2, 6)
+
 /// Autocast's per-device switches. libtorch 2.4 made them one API keyed by device type and
 /// deprecated the per-device functions (is_cpu_enabled, set_autocast_gpu_dtype, ...) that 1.x has;
 /// both are declared in the same header, so the version decides which is called.

@@ -1,5 +1,5 @@
-// Model: what mpiddp::Trainer trains, behind one interface: a C++ torch::nn::Module (wrap_module)
-// or a TorchScript module saved from Python (load_torchscript).
+// Model: what mpiddp::Trainer trains, behind one interface: a C++ torch::nn::Module (wrap_module),
+// a TorchScript module saved from Python (load_torchscript) or a torch.export program (load_pt2).
 #pragma once
 
 #include <torch/torch.h>
@@ -17,6 +17,13 @@ namespace mpiddp {
 class UnitHooks;
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// The file a model from Python was loaded from: its format ("torchscript" | "pt2"; "" for a C++
+/// module) and its bytes. Snapshots carry it, so that `mpiddp export` can write the trained model back.
+struct ModelFile {
+  std::string format;
+  std::string bytes;
+};
 
 class Model {
  public:
@@ -37,12 +44,15 @@ class Model {
   virtual void to(c10::Device device) = 0;
   /// What the model is, for messages and snapshots ("cnn", "TwoLayer", "torchscript __torch__.Net").
   virtual std::string description() const = 0;
-  /// The TorchScript file this model was loaded from ("" for a C++ module): snapshots carry it, so
-  /// that `mpiddp export` can write the trained module back.
-  virtual const std::string& torchscript_bytes() const;
-  /// Writes the TorchScript module with its current parameters and buffers (torch.jit.load reads
-  /// it); throws mpiddp::Error for a C++ module.
-  virtual void save_torchscript(std::ostream& out) const;
+  /// The file this model was loaded from (an empty format for a C++ module).
+  virtual const ModelFile& file() const;
+  /// Writes the model in its file's format with its current parameters and buffers (torch.jit.load
+  /// or torch.export.load reads it); throws mpiddp::Error for a C++ module.
+  virtual void save_file(std::ostream& out) const;
+  /// The one batch size the model takes (a program exported with static shapes); 0: any.
+  virtual int64_t fixed_batch_size() const { return 0; }
+  /// What a user should know before training it, a line each ("note: ..."); none by default.
+  virtual std::vector<std::string> notes() const { return {}; }
   /// Runs the model's blocks checkpointed (include/mpiddp/checkpoint.hpp) from now on, or not. A C++
   /// module that implements mpiddp::Checkpointable can (the built-in GPT); anything else throws
   /// mpiddp::Error (one line): it cannot be split into blocks.
@@ -87,6 +97,19 @@ std::shared_ptr<Model> wrap_module(const torch::nn::ModuleHolder<Impl>& module, 
 std::shared_ptr<Model> load_torchscript(const std::string& path);
 /// The same from the file's bytes (`name` is used in messages).
 std::shared_ptr<Model> load_torchscript_bytes(const std::string& bytes, const std::string& name);
+
+/// Loads a torch.export program (torch.export.save(torch.export.export(model.train(), args), PATH)
+/// in Python) on the CPU: its weights as parameters and buffers, its training program run node by
+/// node through libtorch's dispatcher (src/pt2), its `eval` program, where the archive holds one,
+/// for evaluation. Throws mpiddp::Error with a one-line reason: missing file, not a .pt2 archive,
+/// another schema major, an op it cannot run, a missing weight, libtorch older than 2.6.
+std::shared_ptr<Model> load_pt2(const std::string& path);
+/// The same from the file's bytes (`name` is used in messages).
+std::shared_ptr<Model> load_pt2_bytes(std::string bytes, const std::string& name);
+/// A model file from Python: a .pt2 program by the file's extension, else TorchScript.
+std::shared_ptr<Model> load_model_file(const std::string& path);
+/// The same from a ModelFile (a snapshot's), by its format.
+std::shared_ptr<Model> load_model_file(const ModelFile& file, const std::string& name);
 
 /// Copies tensors by name into the model's parameters and buffers (no autograd record); throws
 /// mpiddp::Error naming the first missing name or shape mismatch. `prefix` is prepended to the

@@ -42,14 +42,18 @@ struct GradScalerOptions {
   int64_t growth_interval = 2000;
 };
 
+/// Throws mpiddp::Error (one line) on options GradScaler does not take, or where this libtorch
+/// cannot scale on `device` (CPU kernels for the scaling operations came with libtorch 2.x): the
+/// check GradScaler's constructor makes, for a caller that checks before it makes one.
+void check_grad_scaler(c10::Device device, const GradScalerOptions& options);
+
 /// Dynamic loss scaling: backward runs on loss x scale so that small float16 gradients do not
 /// flush to zero; before the update the gradients are divided by the scale and checked. A step
 /// with an Inf/NaN gradient on any rank is skipped by every rank (unscale() returns the verdict
 /// of all ranks) and the scale backs off; after growth_interval good steps it grows.
 class GradScaler {
  public:
-  /// Throws mpiddp::Error (one line) where this libtorch cannot scale on `device` (CPU kernels
-  /// for the scaling operations came with libtorch 2.x).
+  /// Throws as check_grad_scaler(device, options).
   GradScaler(c10::Device device, GradScalerOptions options = {});
 
   /// loss x scale, for backward.

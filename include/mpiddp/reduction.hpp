@@ -90,5 +90,10 @@ std::shared_ptr<GradientReduction> all_reduce(std::optional<c10::ScalarType> wir
 
 /// The one rule for what travels compressed: bfloat16 or float16, else mpiddp::Error.
 void check_wire_dtype(c10::ScalarType wire);
+/// The compressions by name, in order: none, bf16, fp16 (`mpiddp train --compression`).
+std::vector<std::string> compression_names();
+/// "none" -> nullopt (no compression), "bf16" -> kBFloat16, "fp16" -> kHalf: a DdpOptions::compression.
+/// Throws mpiddp::Error "unknown <what> '<name>' (none, bf16, fp16)" on any other name.
+std::optional<c10::ScalarType> parse_compression(const std::string& name, const std::string& what = "compression");
 
 }  // namespace mpiddp

@@ -62,6 +62,25 @@ LrSchedule cosine_lr(int64_t warmup_steps = 0, double min_factor = 0.0);
 /// `schedule` (nullptr: constant) with a linear warmup from 1/warmup_steps over the first steps.
 LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps);
 
+/// What a schedule made by name (lr_schedule_named) takes: `mpiddp train`'s --step-size, --gamma,
+/// --warmup-steps and --min-lr / --lr.
+struct LrScheduleParams {
+  int64_t step_size = 1;     ///< "step": epochs between decays
+  double gamma = 0.1;        ///< "step": the decay factor
+  int64_t warmup_steps = 0;  ///< a linear warmup over this many steps (cosine's own, as nanoGPT's)
+  double min_factor = 0.0;   ///< "cosine": the factor it decays to
+};
+/// The schedules by name, in order: none, step, cosine.
+std::vector<std::string> lr_schedule_names();
+/// Throws mpiddp::Error "unknown <what> '<name>' (none, step, cosine)" unless `name` is one of
+/// lr_schedule_names().
+void check_lr_schedule_name(const std::string& name, const std::string& what = "lr schedule");
+/// The schedule called `name`: "none" (nullptr), "step" (step_lr) or "cosine" (cosine_lr, its
+/// warmup included); the first two with_warmup where params.warmup_steps > 0. Throws as
+/// check_lr_schedule_name, and as the schedule's own function on bad parameters.
+LrSchedule lr_schedule_named(const std::string& name, const LrScheduleParams& params,
+                             const std::string& what = "lr schedule");
+
 /// loss(outputs, targets) -> scalar, the mean over the batch.
 using LossFn = std::function<torch::Tensor(const torch::Tensor& outputs, const torch::Tensor& targets)>;
 /// torch's cross_entropy over class labels: outputs [n, classes] and targets [n], or per position

@@ -49,27 +49,46 @@ void write_bytes(const std::string& path, const char* data, size_t size) {
   std::filesystem::rename(tmp, path);
 }
 
-// The snapshot's TorchScript module with the trained parameters and buffers put in.
-std::string export_torchscript(const Snapshot& s, const std::string& name, const std::string& out) {
-  auto it = s.tensors.find("torchscript");
-  MPIDDP_CHECK(it != s.tensors.end(),
-               "snapshot '" + name + "' is of a C++ model, not a TorchScript one: export it with --format state-dict");
+// The model files a snapshot can carry (Model::file()), by format: how Python loads each.
+const std::vector<std::pair<std::string, std::string>> kModelFileFormats = {
+    {"torchscript", "TorchScript module (load: torch.jit.load)"},
+    {"pt2", ".pt2 program (load: torch.export.load(FILE).module())"}};
+
+// The format of the model file the snapshot carries; "" for a C++ model's.
+std::string model_file_format(const Snapshot& s) {
+  for (const auto& [format, what] : kModelFileFormats)
+    if (s.tensors.count(format)) return format;
+  return "";
+}
+
+// The snapshot's model file (TorchScript module, .pt2 program) with the trained parameters and
+// buffers put in.
+std::string export_model_file(const Snapshot& s, const std::string& format, const std::string& name,
+                              const std::string& out) {
+  auto it = s.tensors.find(format);
+  const auto carried = model_file_format(s);
+  MPIDDP_CHECK(it != s.tensors.end(), "snapshot '" + name + "' is of " +
+                                          (carried.empty() ? "a C++ model" : "a " + carried + " model") + ", not a " +
+                                          format + " one: export it with --format " +
+                                          (carried.empty() ? "state-dict" : carried) + " or state-dict");
   const auto bytes = it->second.contiguous();
-  auto model = load_torchscript_bytes(
-      std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())),
-      name + ":/torchscript");
+  auto model = load_model_file(
+      {format, std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()))},
+      name + ":/" + format);
   try {
     load_named(*model, s.tensors, kModelPrefix);
   } catch (const Error& e) {
     MPIDDP_THROW("snapshot '" + name + "': " + e.message());
   }
   std::ostringstream os;
-  model->save_torchscript(os);
+  model->save_file(os);
   const auto text = os.str();
   write_bytes(out, text.data(), text.size());
   const auto tensors = model->named_parameters().size() + model->named_buffers().size();
-  return "TorchScript module " + model->description().substr(std::string("torchscript ").size()) + " with " +
-         std::to_string(tensors) + " trained tensors (load: torch.jit.load)";
+  std::string what;
+  for (const auto& [f, w] : kModelFileFormats)
+    if (f == format) what = w;
+  return model->description() + " with " + std::to_string(tensors) + " trained tensors, as a " + what;
 }
 
 // torch.save's format (a zip of data.pkl and one record per storage), as torch::pickle_save
@@ -132,8 +151,8 @@ const std::vector<OptionRow<ExportConfig>>& export_options() {
           "out", [](C & c) -> auto& { return c.out; }, "the file to write (--format hf: the directory)", kNoDefault),
       option<C>(
           "format", [](C & c) -> auto& { return c.format; },
-          "auto (torchscript for a TorchScript model, else state-dict) | torchscript | state-dict | hf (the "
-          "built-in GPT as Hugging Face's GPT-2: config.json + model.safetensors)"),
+          "auto (the model's own file format for a TorchScript or .pt2 model, else state-dict) | torchscript | "
+          "pt2 | state-dict | hf (the built-in GPT as Hugging Face's GPT-2: config.json + model.safetensors)"),
   };
   return rows;
 }
@@ -147,25 +166,27 @@ int run_export(Runtime& runtime, const std::vector<std::string>& args) {
   return run_rank0_command(
       runtime, args,
       {"export",
-       "usage: mpiddp export SNAPSHOT --out FILE [--format auto|torchscript|state-dict|hf]\n\n"
+       "usage: mpiddp export SNAPSHOT --out FILE [--format auto|torchscript|pt2|state-dict|hf]\n\n"
        "Writes a snapshot's trained model for Python: a TorchScript model as its module with the\n"
-       "trained weights (torch.jit.load(FILE)), any model as a state_dict\n"
+       "trained weights (torch.jit.load(FILE)), a .pt2 program as its archive with the trained\n"
+       "weights (torch.export.load(FILE).module()), any model as a state_dict\n"
        "(model.load_state_dict(torch.load(FILE))), the built-in GPT as a Hugging Face GPT-2 directory\n"
        "(--format hf --out DIR: GPT2LMHeadModel.from_pretrained(DIR)). The snapshot is verified first.\n\n",
        options, &positional,
        [&](const po::variables_map&) {
          MPIDDP_CHECK(!c.snapshot.empty(), "say which snapshot to export (mpiddp export SNAPSHOT --out FILE)");
          MPIDDP_CHECK(!c.out.empty(), "--out is required");
-         MPIDDP_CHECK(c.format == "auto" || c.format == "torchscript" || c.format == "state-dict" || c.format == "hf",
-                      "unknown --format '" + c.format + "' (auto, torchscript, state-dict, hf)");
+         MPIDDP_CHECK(c.format == "auto" || c.format == "torchscript" || c.format == "pt2" ||
+                          c.format == "state-dict" || c.format == "hf",
+                      "unknown --format '" + c.format + "' (auto, torchscript, pt2, state-dict, hf)");
        },
        [&] {
          const Snapshot s = read_snapshot(c.snapshot);  // verified: a damaged file is refused here
-         const bool script = c.format == "torchscript" || (c.format == "auto" && s.tensors.count("torchscript"));
+         const auto format = c.format == "auto" ? model_file_format(s) : c.format;
          return "mpiddp export: wrote " + c.out + ": " +
-                (c.format == "hf" ? export_hf(s, c.snapshot, c.out)
-                 : script         ? export_torchscript(s, c.snapshot, c.out)
-                                  : export_state_dict(s, c.out)) +
+                (format == "hf"                               ? export_hf(s, c.snapshot, c.out)
+                 : format == "torchscript" || format == "pt2" ? export_model_file(s, format, c.snapshot, c.out)
+                                                              : export_state_dict(s, c.out)) +
                 "\n";
        }});
 }

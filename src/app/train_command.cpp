@@ -1,4 +1,4 @@
-// `mpiddp train`: DDP training of a built-in model or a TorchScript file on an HDF5 dataset, a thin
+// `mpiddp train`: DDP training of a built-in model, a TorchScript file or a .pt2 program on an HDF5 dataset, a thin
 // client of mpiddp::Trainer. Options come from the command line, then --config FILE, then
 // MPIDDP_* variables (see cli.hpp).
 #include <mpiddp/allocator.hpp>
@@ -23,6 +23,7 @@
 
 #include "app/cli.hpp"
 #include "app/option_table.hpp"
+#include "common/text.hpp"
 #include "log/progress_log.hpp"
 #include "models/hf_gpt2.hpp"
 #include "zero/model_sharding.hpp"
@@ -59,11 +60,11 @@ std::vector<Row> model_options() {
       option<C>(
           "model", [](C & c) -> auto& { return c.model; },
           "linear | mlp | cnn (PyTorch's MNIST example net) | gpt (nanoGPT's GPT; token data) | FILE.pt (a "
-          "TorchScript module saved from Python)"),
+          "TorchScript module saved from Python) | FILE.pt2 (a torch.export program, torch.export.save)"),
       option<C>(
           "loss", [](C & c) -> auto& { return c.loss; },
           "auto (cross-entropy for class labels and tokens, mse for regression) | cross-entropy | mse | model (a "
-          "TorchScript forward(inputs, targets) returns (outputs, loss), as nanoGPT's GPT)"),
+          "TorchScript or .pt2 forward(inputs, targets) returns (outputs, loss), as nanoGPT's GPT)"),
       option<C>(
           "data", [](C & c) -> auto& { return c.t.data; },
           "training set: an HDF5 file (see `mpiddp data`) or token shards (llm.c's .bin; names and globs, "
@@ -155,7 +156,7 @@ std::vector<Row> step_options() {
       option<C>(
           "min-lr", [](C & c) -> auto& { return c.min_lr; }, "cosine schedule: the rate it decays to", shown_as("0")),
       option<C>(
-          "lr-schedule", [](C & c) -> auto& { return c.schedule; }, "none | step | cosine"),
+          "lr-schedule", [](C & c) -> auto& { return c.schedule; }, detail::joined(lr_schedule_names(), " | ")),
       option<C>(
           "step-size", [](C & c) -> auto& { return c.step_size; }, "step schedule: epochs between decays"),
       option<C>(
@@ -223,7 +224,8 @@ std::vector<Row> run_options() {
       option<C>(
           "first-bucket-cap-mb", [](C & c) -> auto& { return c.first_bucket_mb; }, "DDP first bucket cap (MiB)"),
       option<C>(
-          "compression", [](C & c) -> auto& { return c.compression; }, "gradients on the wire: none | bf16 | fp16"),
+          "compression", [](C & c) -> auto& { return c.compression; },
+          "gradients on the wire: " + detail::joined(compression_names(), " | ")),
       option<C>(
           "timeline", [](C & c) -> auto& { return c.timeline; },
           "per-rank Chrome trace of DDP (FILE -> FILE.rank<r>.json)", kNoDefault),
@@ -312,8 +314,7 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   std::string names;
   for (const auto& o : optimizers()) names += (names.empty() ? "" : ", ") + o.name;
   MPIDDP_CHECK(optimizer, "unknown --optimizer '" + c.optimizer + "' (" + names + ")");
-  MPIDDP_CHECK(c.schedule == "none" || c.schedule == "step" || c.schedule == "cosine",
-               "unknown --lr-schedule '" + c.schedule + "' (none, step, cosine)");
+  check_lr_schedule_name(c.schedule, "--lr-schedule");
   MPIDDP_CHECK(c.step_size > 0 && c.gamma > 0 && c.warmup_steps >= 0, "bad schedule parameters");
   MPIDDP_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "--min-lr must be in [0, --lr], got " + std::to_string(c.min_lr));
   MPIDDP_CHECK(c.decay_params == "all" || c.decay_params == "matrices",
@@ -337,8 +338,6 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
                "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '" + c.log_every + "'");
   MPIDDP_CHECK(c.bucket_mb >= 0 && c.first_bucket_mb > 0,
                "--bucket-cap-mb must be >= 0 (0: the rule) and --first-bucket-cap-mb > 0");
-  MPIDDP_CHECK(c.compression == "none" || c.compression == "bf16" || c.compression == "fp16",
-               "unknown --compression '" + c.compression + "' (none, bf16, fp16)");
 }
 
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const Model& model) {
@@ -415,8 +414,7 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
   check_cli_flags(runtime, c);
   t.ddp.bucket_cap_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
   t.ddp.first_bucket_cap_bytes = static_cast<int64_t>(c.first_bucket_mb * (1 << 20));
-  if (c.compression == "bf16") t.ddp.compression = c10::kBFloat16;
-  if (c.compression == "fp16") t.ddp.compression = c10::kHalf;
+  t.ddp.compression = parse_compression(c.compression, "--compression");
   t.ddp.timeline_path = c.timeline;
   t.cache_bytes = static_cast<int64_t>(c.cache_mb * (1 << 20));
   t.skip_nonfinite_loss = c.on_nan == "skip";
@@ -428,13 +426,8 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
     t.log_min_gap_seconds = 0;
   }
   if (c.device == "cuda") t.device = runtime.device();
-  LrSchedule schedule;
-  if (c.schedule == "step") schedule = step_lr(c.step_size, c.gamma);
-  if (c.schedule == "cosine") {
-    t.lr_schedule = cosine_lr(c.warmup_steps, c.min_lr / c.lr);  // warmup included, as nanoGPT's
-  } else {
-    t.lr_schedule = c.warmup_steps > 0 ? with_warmup(schedule, c.warmup_steps) : schedule;
-  }
+  t.lr_schedule =
+      lr_schedule_named(c.schedule, {c.step_size, c.gamma, c.warmup_steps, c.min_lr / c.lr}, "--lr-schedule");
   t.block_size = c.gpt.block_size;
   if (c.loss == "cross-entropy") t.loss = cross_entropy_loss();
   if (c.loss == "mse") t.loss = mse_loss();
@@ -478,6 +471,7 @@ void print_start(Trainer& trainer, const TrainConfig& c, int threads, const Runt
       "%s\n",
       trainer.model().description().c_str(), static_cast<long long>(params), runtime.size(),
       static_cast<long long>(c.t.batch_size), threads, c.backend.c_str(), c.device.c_str());
+  for (const auto& note : trainer.model().notes()) std::printf("%s\n", note.c_str());
   std::fflush(stdout);
 }
 

@@ -13,10 +13,10 @@
 #include <thread>
 
 #include "comm/backend_factories.hpp"
-#include "comm/stall.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
 #include "common/text.hpp"
+#include "runtime/stall.hpp"
 #include "runtime/wait.hpp"
 
 namespace mpiddp {

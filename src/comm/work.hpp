@@ -3,7 +3,7 @@
 
 #include <mpiddp/process_group.hpp>
 
-#include "comm/stall.hpp"
+#include "runtime/stall.hpp"
 
 #include <chrono>
 #include <exception>

@@ -2,8 +2,10 @@
 // Rank r of n owns elements [total * r / n, total * (r + 1) / n): contiguous, in rank order, sizes
 // differing by at most one, and the same on every rank that computes it (no communication needed).
 // Its users: snapshot writes and verification (snapshot/parallel_snapshot.cpp), ZeRO's slices of a
-// bucket padded to a multiple of the ranks (zero/slice.hpp: there every share is padded / n), the
-// evaluation's slices of the test set.
+// bucket padded to a multiple of the ranks (zero/slice.hpp, and stage 1's owned gradient in
+// ddp/reduction.cpp: there every share is padded / n), the evaluation's slices of the test set.
+// largest_share: the padding to a multiple of the ranks (ddp/averaging.hpp's round_up), the memory
+// plan's 1/N of the sharded bytes, the evaluation's lockstep.
 #pragma once
 
 #include <cstdint>

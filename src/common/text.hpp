@@ -32,6 +32,13 @@ inline bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+/// `items` with `separator` between them ("a, b, c").
+inline std::string joined(const std::vector<std::string>& items, const std::string& separator) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? separator : "") + items[i];
+  return s;
+}
+
 /// `text` cut at each `separator`, empty pieces dropped ("a,,b" -> a, b).
 inline std::vector<std::string> split_list(const std::string& text, char separator = ',') {
   std::vector<std::string> out;

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/even_share.hpp"
+
 namespace mpiddp::detail {
 
-/// `numel` rounded up to a multiple of `ranks`.
-inline int64_t round_up(int64_t numel, int ranks) { return (numel + ranks - 1) / ranks * ranks; }
+/// `numel` rounded up to a multiple of `ranks`: `ranks` times the largest even share of it.
+inline int64_t round_up(int64_t numel, int ranks) { return largest_share(numel, ranks) * ranks; }
 
 /// Per bucket, the world size as a 0-dim tensor of the bucket's dtype and device (float32 and
 /// float64 buckets; undefined for the others, which divide by a Scalar computed in float32, and on

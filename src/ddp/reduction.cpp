@@ -1,17 +1,45 @@
 // DDP's all-reduce, plain or compressed on the wire (the GradientReduction strategy, reduction.hpp).
 #include <mpiddp/ddp.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/precision.hpp>
 #include <mpiddp/reduction.hpp>
 
 #include <algorithm>
 
+#include "common/even_share.hpp"
+#include "common/text.hpp"
 #include "ddp/averaging.hpp"
 
 namespace mpiddp {
 
+namespace {
+
+// What gradients may travel in; their names (parse_compression's) are precision_name's.
+constexpr c10::ScalarType kWireDtypes[] = {c10::kBFloat16, c10::kHalf};
+
+}  // namespace
+
 void check_wire_dtype(c10::ScalarType wire) {
-  MPIDDP_CHECK(wire == c10::kBFloat16 || wire == c10::kHalf,
-               "gradient compression takes bfloat16 or float16, not " + dtype_name(wire));
+  std::vector<std::string> takes;
+  for (const auto dtype : kWireDtypes) {
+    if (dtype == wire) return;
+    takes.push_back(dtype_name(dtype));
+  }
+  MPIDDP_THROW("gradient compression takes " + detail::joined(takes, " or ") + ", not " + dtype_name(wire));
+}
+
+std::vector<std::string> compression_names() {
+  std::vector<std::string> names{"none"};
+  for (const auto dtype : kWireDtypes) names.push_back(precision_name(dtype));
+  return names;
+}
+
+std::optional<c10::ScalarType> parse_compression(const std::string& name, const std::string& what) {
+  if (name == "none") return std::nullopt;
+  for (const auto dtype : kWireDtypes) {
+    if (precision_name(dtype) == name) return dtype;
+  }
+  MPIDDP_THROW("unknown " + what + " '" + name + "' (" + detail::joined(compression_names(), ", ") + ")");
 }
 
 namespace {
@@ -54,8 +82,8 @@ class AllReduce : public GradientReduction {
   }
 
   torch::Tensor owned_gradient(size_t b, const torch::Tensor& buffer) const override {
-    const int64_t slice = buckets_[b].padded / pg_->size();
-    return buffer.narrow(0, pg_->rank() * slice, slice);
+    const detail::Share slice = detail::share_of(buckets_[b].padded, pg_->rank(), pg_->size());
+    return buffer.narrow(0, slice.first, slice.count);
   }
 
  private:

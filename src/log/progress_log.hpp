@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/run_position.hpp"
+#include "common/run_position.hpp"
 
 namespace mpiddp::detail {
 

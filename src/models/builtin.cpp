@@ -105,14 +105,15 @@ std::shared_ptr<Model> make_model(const std::string& spec, const DatasetInfo& da
         tokens == m.token_data,
         m.token_data
             ? "--model " + spec + " trains on token data (llm.c shards); '" + data.path + "' is an HDF5 dataset"
-            : "--model " + spec + " takes an HDF5 dataset; token data needs --model gpt or a TorchScript model");
+            : "--model " + spec +
+                  " takes an HDF5 dataset; token data needs --model gpt, a TorchScript model or a .pt2 program");
     return m.make(data, gpt, init);
   }
   std::string names;
   for (const auto& m : builtin_models()) names += m.name + ", ";
   MPIDDP_CHECK(std::filesystem::exists(spec),
-               "unknown --model '" + spec + "' (" + names + "or a TorchScript file: no such file)");
-  return load_torchscript(spec);
+               "unknown --model '" + spec + "' (" + names + "or a TorchScript or .pt2 file: no such file)");
+  return load_model_file(spec);
 }
 
 }  // namespace mpiddp

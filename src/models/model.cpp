@@ -17,6 +17,7 @@
 
 namespace mpiddp {
 
+using detail::ends_with;
 using detail::first_line;
 using detail::shape_text;
 
@@ -82,7 +83,7 @@ class ModuleModel final : public Model {
 class ScriptModel final : public Model {
  public:
   ScriptModel(torch::jit::Module module, std::string bytes, std::string name)
-      : module_(std::move(module)), bytes_(std::move(bytes)), name_(std::move(name)) {}
+      : module_(std::move(module)), file_{"torchscript", std::move(bytes)}, name_(std::move(name)) {}
   std::pair<torch::Tensor, torch::Tensor> forward_with_loss(const torch::Tensor& input,
                                                             const torch::Tensor& targets) override {
     auto out = module_.forward({input, targets});
@@ -111,19 +112,19 @@ class ScriptModel final : public Model {
   void train(bool on) override { module_.train(on); }
   void to(c10::Device device) override { module_.to(device); }
   std::string description() const override { return "torchscript " + module_.type()->name()->qualifiedName(); }
-  const std::string& torchscript_bytes() const override { return bytes_; }
-  void save_torchscript(std::ostream& out) const override { module_.save(out); }
+  const ModelFile& file() const override { return file_; }
+  void save_file(std::ostream& out) const override { module_.save(out); }
 
  private:
   torch::jit::Module module_;
-  std::string bytes_;
+  ModelFile file_;
   std::string name_;
 };
 
 }  // namespace
 
-const std::string& Model::torchscript_bytes() const {
-  static const std::string none;
+const ModelFile& Model::file() const {
+  static const ModelFile none;
   return none;
 }
 
@@ -144,8 +145,8 @@ void Model::set_activation_checkpointing(bool on) {
                "forward)");
 }
 
-void Model::save_torchscript(std::ostream& /*out*/) const {
-  MPIDDP_THROW("the model (" + description() + ") is a C++ module, not a TorchScript one");
+void Model::save_file(std::ostream& /*out*/) const {
+  MPIDDP_THROW("the model (" + description() + ") is a C++ module, not one loaded from a Python file");
 }
 
 std::shared_ptr<Model> wrap_module(std::shared_ptr<torch::nn::Module> module,
@@ -175,6 +176,16 @@ std::shared_ptr<Model> load_torchscript(const std::string& path) {
   bytes << in.rdbuf();
   MPIDDP_CHECK(in.good() || in.eof(), "cannot read TorchScript file '" + path + "'");
   return load_torchscript_bytes(bytes.str(), path);
+}
+
+std::shared_ptr<Model> load_model_file(const std::string& path) {
+  return ends_with(path, ".pt2") ? load_pt2(path) : load_torchscript(path);
+}
+
+std::shared_ptr<Model> load_model_file(const ModelFile& file, const std::string& name) {
+  if (file.format == "pt2") return load_pt2_bytes(file.bytes, name);
+  MPIDDP_CHECK(file.format == "torchscript", "'" + name + "' is a model file of unknown format '" + file.format + "'");
+  return load_torchscript_bytes(file.bytes, name);
 }
 
 std::pair<torch::Tensor, torch::Tensor> Model::forward_with_loss(const torch::Tensor&, const torch::Tensor&) {

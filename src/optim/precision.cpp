@@ -36,22 +36,20 @@ std::string precision_name(c10::ScalarType precision) {
   return c10::toString(precision);
 }
 
-GradScaler::GradScaler(c10::Device device, GradScalerOptions options) : options_(options) {
+void check_grad_scaler(c10::Device device, const GradScalerOptions& options) {
   MPIDDP_CHECK(
-      options_.init_scale > 0 && options_.growth_factor > 1 && options_.backoff_factor > 0 &&
-          options_.backoff_factor < 1 && options_.growth_interval > 0,
+      options.init_scale > 0 && options.growth_factor > 1 && options.backoff_factor > 0 && options.backoff_factor < 1 &&
+          options.growth_interval > 0,
       "GradScalerOptions: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0");
-  const auto f = torch::TensorOptions().dtype(torch::kFloat).device(device);
-  scale_ = torch::full({1}, options_.init_scale, f);
-  growth_tracker_ = torch::zeros({1}, f.dtype(torch::kInt));
-  found_inf_ = torch::zeros({1}, f);
   // Both operations on a scratch state: a libtorch without kernels for this device fails here,
   // with its reason, rather than at the first step.
+  const auto f = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  auto s = torch::full({1}, options.init_scale, f), g = torch::zeros({1}, f.dtype(torch::kInt)),
+       inf = torch::zeros({1}, f);
   try {
-    auto s = scale_.clone(), g = growth_tracker_.clone(), inf = found_inf_.clone();
     std::vector<torch::Tensor> probe{torch::ones({2}, f)};
     at::_amp_foreach_non_finite_check_and_unscale_(probe, inf, s.reciprocal());
-    at::_amp_update_scale_(s, g, inf, options_.growth_factor, options_.backoff_factor, options_.growth_interval);
+    at::_amp_update_scale_(s, g, inf, options.growth_factor, options.backoff_factor, options.growth_interval);
   } catch (const std::exception& e) {
     const std::string why = detail::first_line(e.what());
     MPIDDP_THROW("fp16 loss scaling is not available on " + device.str() + " with libtorch " + compat::torch_version() +
@@ -62,6 +60,14 @@ GradScaler::GradScaler(c10::Device device, GradScalerOptions options) : options_
                             "on CPU use bf16"
                       : why.substr(0, 200)));
   }
+}
+
+GradScaler::GradScaler(c10::Device device, GradScalerOptions options) : options_(options) {
+  check_grad_scaler(device, options_);
+  const auto f = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  scale_ = torch::full({1}, options_.init_scale, f);
+  growth_tracker_ = torch::zeros({1}, f.dtype(torch::kInt));
+  found_inf_ = torch::zeros({1}, f);
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) const { return loss * scale_.to(loss.scalar_type()); }

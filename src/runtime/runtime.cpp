@@ -16,10 +16,10 @@
 #include <numeric>
 #include <thread>
 
-#include "comm/stall.hpp"
 #include "common/check.hpp"
 #include "common/check_cuda.hpp"
 #include "common/host.hpp"
+#include "runtime/stall.hpp"
 #include "runtime/wait.hpp"
 
 namespace mpiddp {

@@ -11,7 +11,7 @@
 
 #include <string>
 
-#include "train/run_position.hpp"
+#include "common/run_position.hpp"
 
 namespace mpiddp {
 class ZeroOptimizer;

@@ -4,7 +4,7 @@
 
 #include <mpiddp/trainer.hpp>
 
-#include "train/run_position.hpp"
+#include "common/run_position.hpp"
 
 namespace mpiddp::detail {
 

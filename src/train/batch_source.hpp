@@ -13,7 +13,7 @@
 #include <mutex>
 #include <string>
 
-#include "train/run_position.hpp"
+#include "common/run_position.hpp"
 
 namespace mpiddp::detail {
 

@@ -4,7 +4,37 @@
 
 #include <cmath>
 
+#include "common/text.hpp"
+
 namespace mpiddp {
+
+namespace {
+
+// The schedules by name (`mpiddp train --lr-schedule`): each made from its parameters, its warmup
+// its own (cosine) or added by with_warmup.
+struct NamedSchedule {
+  const char* name;
+  bool own_warmup;
+  LrSchedule (*make)(const LrScheduleParams&);
+};
+
+const std::vector<NamedSchedule>& named_schedules() {
+  static const std::vector<NamedSchedule> kSchedules = {
+      {"none", false, [](const LrScheduleParams&) { return LrSchedule(); }},
+      {"step", false, [](const LrScheduleParams& p) { return step_lr(p.step_size, p.gamma); }},
+      {"cosine", true, [](const LrScheduleParams& p) { return cosine_lr(p.warmup_steps, p.min_factor); }},
+  };
+  return kSchedules;
+}
+
+const NamedSchedule& schedule_named(const std::string& name, const std::string& what) {
+  for (const auto& s : named_schedules()) {
+    if (name == s.name) return s;
+  }
+  MPIDDP_THROW("unknown " + what + " '" + name + "' (" + detail::joined(lr_schedule_names(), ", ") + ")");
+}
+
+}  // namespace
 
 LrSchedule step_lr(int64_t step_size, double gamma) {
   MPIDDP_CHECK(step_size > 0 && gamma > 0, "step_lr needs step_size > 0 and gamma > 0");
@@ -33,6 +63,21 @@ LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps) {
     }
     return f;
   };
+}
+
+std::vector<std::string> lr_schedule_names() {
+  std::vector<std::string> names;
+  for (const auto& s : named_schedules()) names.emplace_back(s.name);
+  return names;
+}
+
+void check_lr_schedule_name(const std::string& name, const std::string& what) { schedule_named(name, what); }
+
+LrSchedule lr_schedule_named(const std::string& name, const LrScheduleParams& params, const std::string& what) {
+  const NamedSchedule& named = schedule_named(name, what);
+  LrSchedule schedule = named.make(params);
+  if (named.own_warmup || params.warmup_steps <= 0) return schedule;
+  return with_warmup(std::move(schedule), params.warmup_steps);
 }
 
 }  // namespace mpiddp

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/even_share.hpp"
 #include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_policy.hpp"
 
@@ -76,7 +77,7 @@ std::vector<int64_t> sharded_units(const PlanInputs& in) {
 int64_t sharded_model_bytes(const PlanInputs& in) {
   const auto units = sharded_units(in);
   const int64_t unit_bytes = std::accumulate(units.begin(), units.end(), int64_t{0});
-  return in.model_bytes - unit_bytes + (unit_bytes + in.world - 1) / in.world;
+  return in.model_bytes - unit_bytes + largest_share(unit_bytes, in.world);
 }
 
 // Stage 3 keeps the units gathered at the moment whole: the two largest with prefetch, one
@@ -174,7 +175,7 @@ MemoryPlan plan_from(const PlanInputs& in) {
   // Stage 3 keeps 1/N of its units' parameters and the units gathered at the moment.
   plan.parameters = sharded_model_bytes(in) + gathered_unit_bytes(in);
   plan.process = std::max<int64_t>(0, in.resident - (in.model_resident >= 0 ? in.model_resident : in.model_bytes));
-  const int64_t shard = (in.trainable_bytes + in.world - 1) / in.world;
+  const int64_t shard = largest_share(in.trainable_bytes, in.world);
   plan.gradients = in.trainable_bytes;
   if (in.zero_stage >= 2) {
     // The owned slice of each averaged bucket; whole, at worst the largest buckets: one being

@@ -16,8 +16,9 @@ namespace {
 
 void check_whole_model_fits_data(const ForwardLoss& forward, const Task& task, const SampleSet& train,
                                  const SampleSet* test) {
-  torch::NoGradGuard no_grad;  // and evaluation mode: no buffer, no RNG changes
-  auto probe = train.read_range(0, std::min<int64_t>(2, train.size()));
+  torch::NoGradGuard no_grad;                                // and evaluation mode: no buffer, no RNG changes
+  const int64_t fixed = forward.model().fixed_batch_size();  // a program with static shapes takes no other
+  auto probe = train.read_range(0, std::min<int64_t>(fixed > 0 ? fixed : 2, train.size()));
   // Token ids index the model's embedding: the probe uses token 0 alone, which every vocabulary
   // has, and the tokens are checked against the logits' width below.
   probe.inputs = task.probe_inputs(probe.inputs);
@@ -48,7 +49,13 @@ void check_whole_model_fits_data(const ForwardLoss& forward, const Task& task, c
 }  // namespace
 
 void check_model_fits_data(const ForwardLoss& forward, const Task& task, const SampleSet& train, const SampleSet* test,
-                           bool sharded) {
+                           int64_t batch_size, bool sharded) {
+  const Model& model = forward.model();
+  const int64_t fixed = model.fixed_batch_size();
+  MPIDDP_CHECK(fixed == 0 || fixed == batch_size,
+               "the model (" + model.description() + ") takes batches of exactly " + std::to_string(fixed) +
+                   " (exported with static shapes): train it at --batch-size " + std::to_string(fixed) +
+                   ", or export it with a dynamic batch dimension");
   if (!sharded) return check_whole_model_fits_data(forward, task, train, test);
   as_agreed([&] { check_whole_model_fits_data(forward, task, train, test); });
 }

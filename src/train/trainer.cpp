@@ -5,7 +5,7 @@
 //   StepAgreement                   stop signal and non-finite loss: one verdict for all ranks
 //   Update (update.hpp)             fp16 unscale, clipping, the optimizer's step
 //   ProgressLog (progress_log.hpp)  progress lines, metrics JSON, TensorBoard
-//   SnapshotPolicy                  when to write a snapshot (snapshot/trainer_snapshot.cpp writes it)
+//   SnapshotPolicy                  when to write a snapshot (trainer_snapshot.cpp writes it)
 //   evaluate (evaluation.hpp)       the test set after each epoch
 // Every forward and its loss go through ForwardLoss (forward_loss.hpp); the model is checked against
 // the data by model_check.hpp. Option rules are in trainer_options.cpp, the task in task.cpp, losses in
@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "common/host.hpp"
+#include "common/run_position.hpp"
 #include "common/text.hpp"
 #include "log/progress_log.hpp"
 #include "snapshot/parallel_snapshot.hpp"
@@ -31,7 +32,6 @@
 #include "train/memory_plan.hpp"
 #include "train/micro_steps.hpp"
 #include "train/model_check.hpp"
-#include "train/run_position.hpp"
 #include "train/step_agreement.hpp"
 #include "train/step_profiler.hpp"
 #include "train/stop_signals.hpp"
@@ -78,8 +78,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& m
 void Trainer::check_options() const {
   const auto& o = options_;
   o.validate(nullptr, runtime_.rank());
-  if (o.precision == c10::kHalf) [[maybe_unused]]
-    GradScaler check(o.device, o.loss_scaling);  // throws where it cannot
+  if (o.precision == c10::kHalf) check_grad_scaler(o.device, o.loss_scaling);
   check_backend(pg_.backend(), o.device, runtime_, "TrainerOptions::device " + o.device.str());
   MPIDDP_CHECK(pg_.size() == runtime_.size() && pg_.rank() == runtime_.rank(),
                "the Trainer's process group must span the runtime's ranks");
@@ -131,7 +130,7 @@ void Trainer::adopt(ModelAndOptimizer made) {
 }
 
 void Trainer::check_model_fits_data(bool sharded) {
-  detail::check_model_fits_data(forward_loss(), *task_, *train_, test_.get(), sharded);
+  detail::check_model_fits_data(forward_loss(), *task_, *train_, test_.get(), options_.batch_size, sharded);
 }
 
 MemoryPlan Trainer::plan_memory() {

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "train/run_position.hpp"
+#include "common/run_position.hpp"
 #include "zero/model_sharding.hpp"
 
 namespace mpiddp::detail {

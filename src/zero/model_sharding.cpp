@@ -1,6 +1,7 @@
 // How a training run holds its model's parameters (model_sharding.hpp).
 #include "zero/model_sharding.hpp"
 
+#include <mpiddp/error.hpp>
 #include <mpiddp/units.hpp>
 
 #include <algorithm>
@@ -18,7 +19,12 @@ int64_t trainable_bytes(const std::vector<torch::Tensor>& unit) {
 bool shards_units(int zero_stage) { return zero_stage == kMaxZeroStage; }
 
 ModelSharding::ModelSharding(Model& model, int zero_stage, ZeroOptions options)
-    : model_(model), shards_units_(detail::shards_units(zero_stage)), options_(std::move(options)) {}
+    : model_(model), shards_units_(detail::shards_units(zero_stage)), options_(std::move(options)) {
+  MPIDDP_CHECK(!shards_units_ || !model_.units().empty(),
+               "ZeRO stage 3 shards the model unit by unit, and the model (" + model_.description() +
+                   ") has none (the built-in models and C++ UnitModules have units; a TorchScript module or .pt2 "
+                   "program has not): train it at --zero-stage 2");
+}
 
 bool ModelSharding::deferred() const { return has_deferred_parameters(model_); }
 

@@ -4,6 +4,7 @@
 #include <mpiddp/zero.hpp>
 
 #include "ddp/averaging.hpp"
+#include "zero/slice.hpp"
 
 namespace mpiddp {
 
@@ -35,7 +36,7 @@ class ReduceScatter : public GradientReduction {
     // Left unwritten until a reduce-scatter writes them whole or someone asks for them (zeroed
     // then): untouched pages take no memory, so at stage 3 they come after the model as built went.
     for (size_t b = 0; b < buckets.size(); ++b)
-      shards_.push_back(torch::empty({buckets[b].padded / pg.size()}, options[b]));
+      shards_.push_back(torch::empty({detail::slice_numel(buckets[b], pg.size())}, options[b]));
     written_.assign(buckets.size(), false);
     divisors_ = detail::divisors(options, pg.size());
     wires_.assign(buckets.size(), {});

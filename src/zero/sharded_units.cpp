@@ -119,7 +119,7 @@ void ShardedUnits::shard(size_t b, const BucketLayout& layout, const std::vector
   torch::NoGradGuard no_grad;
   const int ranks = pg_.size();
   const auto options = params[layout.params.front()].options();
-  auto shard = torch::zeros({layout.padded / ranks}, options);  // the padding stays 0
+  auto shard = torch::zeros({slice_numel(layout, ranks)}, options);  // the padding stays 0
   const int64_t first = slice_begin(layout, pg_.rank(), ranks);
   for_each_in_slice(layout, params, pg_.rank(), ranks, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t n) {
     shard.narrow(0, in_bucket - first, n).copy_(params[i].detach().reshape(-1).narrow(0, in_param, n));

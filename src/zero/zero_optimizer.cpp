@@ -159,7 +159,8 @@ void ZeroOptimizer::step() {
     const auto& layout = ddp_.buckets()[b];
     auto flat = torch::empty({layout.padded}, params[layout.params.front()].options());
     flat.narrow(0, layout.numel, layout.padded - layout.numel).zero_();
-    const int64_t lo = slice_begin(b), hi = lo + layout.padded / pg_.size();
+    const detail::Share mine = detail::slice_of(layout, pg_.rank(), pg_.size());
+    const int64_t lo = mine.first, hi = mine.end();
     for_each_in_slice(b, [&](size_t i, int64_t in_param, int64_t in_bucket, int64_t numel) {
       flat.narrow(0, in_bucket, numel).copy_(params[i].detach().view(-1).narrow(0, in_param, numel));
     });
@@ -274,7 +275,7 @@ void ZeroOptimizer::gather_state(int root) {
       bool any = false;
       for (size_t i : layout.params) any = any || has[static_cast<int64_t>(i)][static_cast<int64_t>(f) + 1];
       if (!any) continue;  // the same verdict on every rank
-      auto slice = torch::zeros({layout.padded / pg_.size()}, params[layout.params.front()].options());
+      auto slice = torch::zeros({detail::slice_numel(layout, pg_.size())}, params[layout.params.front()].options());
       for (size_t k = 0; k < pieces_.size(); ++k) {
         const auto it = piece_fields[k].find(names[f]);
         if (pieces_[k].bucket != b || it == piece_fields[k].end()) continue;

@@ -65,6 +65,8 @@ TEST(Precision, Names) {
   EXPECT_EQ(mpiddp::precision_name(mpiddp::parse_precision("fp32")), "fp32");
   EXPECT_THROW(mpiddp::parse_precision("fp8"), mpiddp::Error);
   EXPECT_THROW(mpiddp::GradScaler(c10::kCPU, mpiddp::GradScalerOptions{0.0}), mpiddp::Error);
+  // The check the Trainer makes before it makes a scaler: the constructor's own.
+  EXPECT_THROW(mpiddp::check_grad_scaler(c10::kCPU, mpiddp::GradScalerOptions{1.0, 1.0}), mpiddp::Error);
 }
 
 TEST(Precision, GradScalerFollowsItsDefinitionAndAgreesAcrossRanks) {

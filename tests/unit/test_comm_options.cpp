@@ -1,9 +1,11 @@
 // CommOptions from the environment, and names the CLI accepts.
 #include <mpiddp/process_group.hpp>
+#include <mpiddp/reduction.hpp>
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include "error_of.hpp"
 #include "scoped.hpp"
 
 namespace {
@@ -50,4 +52,17 @@ TEST(CommNames, ParseAndPrint) {
     EXPECT_NE(e.message().find("allreduce|broadcast|allgather|reduce_scatter|alltoall|barrier"), std::string::npos)
         << e.message();
   }
+}
+
+TEST(CommNames, CompressionIsTheWireDtypes) {
+  // `mpiddp train --compression` takes the library's names, and check_wire_dtype's rule is theirs.
+  EXPECT_EQ(mpiddp::compression_names(), (std::vector<std::string>{"none", "bf16", "fp16"}));
+  EXPECT_FALSE(mpiddp::parse_compression("none").has_value());
+  EXPECT_EQ(mpiddp::parse_compression("bf16"), c10::kBFloat16);
+  EXPECT_EQ(mpiddp::parse_compression("fp16"), c10::kHalf);
+  EXPECT_EQ(mpiddp::testing::error_of([] { mpiddp::parse_compression("fp8", "--compression"); }),
+            "unknown --compression 'fp8' (none, bf16, fp16)");
+  EXPECT_EQ(mpiddp::testing::error_of([] { mpiddp::check_wire_dtype(c10::kHalf); }), "");
+  EXPECT_EQ(mpiddp::testing::error_of([] { mpiddp::check_wire_dtype(c10::kFloat); }),
+            "gradient compression takes bfloat16 or float16, not float32");
 }

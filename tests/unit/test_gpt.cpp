@@ -157,6 +157,28 @@ TEST(CosineLr, IsNanoGptsGetLr) {
   EXPECT_DOUBLE_EQ(f({150, 0, 100}), 0.1);
 }
 
+TEST(LrSchedule, ByNameIsTheScheduleFunctions) {
+  // The names `mpiddp train --lr-schedule` takes are the library's: its --help lists them, and an
+  // unknown one is the library's one-line error, under the name the caller gives.
+  EXPECT_EQ(mpiddp::lr_schedule_names(), (std::vector<std::string>{"none", "step", "cosine"}));
+  EXPECT_EQ(error_of([] { mpiddp::check_lr_schedule_name("linear", "--lr-schedule"); }),
+            "unknown --lr-schedule 'linear' (none, step, cosine)");
+  EXPECT_EQ(error_of([] { mpiddp::lr_schedule_named("Cosine", {}); }),
+            "unknown lr schedule 'Cosine' (none, step, cosine)");
+  EXPECT_FALSE(mpiddp::lr_schedule_named("none", {}));
+  const auto step = mpiddp::lr_schedule_named("step", {3, 0.5, 4, 0.0});
+  const auto step_by_hand = mpiddp::with_warmup(mpiddp::step_lr(3, 0.5), 4);
+  const auto warmup = mpiddp::lr_schedule_named("none", {3, 0.5, 4, 0.0});
+  const auto cosine = mpiddp::lr_schedule_named("cosine", {3, 0.5, 4, 0.1});
+  const auto cosine_by_hand = mpiddp::cosine_lr(4, 0.1);
+  for (int64_t it = 0; it < 40; ++it) {
+    const mpiddp::StepInfo at{it, it / 5, 40};
+    EXPECT_DOUBLE_EQ(step(at), step_by_hand(at)) << it;
+    EXPECT_DOUBLE_EQ(warmup(at), it < 4 ? static_cast<double>(it + 1) / 4.0 : 1.0) << it;
+    EXPECT_DOUBLE_EQ(cosine(at), cosine_by_hand(at)) << it;
+  }
+}
+
 TEST(Gpt, SnapshotRecordsItsShapeWhoeverTrainsIt) {
   // The snapshot codec (what Trainer::save writes, through the library or the CLI) records the
   // GPT's shape itself, so `mpiddp generate` needs no CLI options to rebuild it; other models none.

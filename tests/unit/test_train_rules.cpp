@@ -9,9 +9,9 @@
 #include <functional>
 #include <string>
 
+#include "common/run_position.hpp"
 #include "error_of.hpp"
 #include "snapshot/snapshot_policy.hpp"
-#include "train/run_position.hpp"
 
 using mpiddp::detail::RunPlan;
 using mpiddp::detail::RunPosition;

@@ -15,11 +15,11 @@
 #include <sstream>
 
 #include "common/host.hpp"
+#include "common/run_position.hpp"
 #include "common/text.hpp"
 #include "runtime/agreement.hpp"
 #include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_codec.hpp"
-#include "train/run_position.hpp"
 
 namespace mpiddp {
 
@@ -48,12 +48,12 @@ std::string Trainer::save(const detail::RunPosition& p, const ZeroOptimizer* zer
   detail::model_parts(*model_, zero, rank, size, parts, meta);
   detail::optimizer_parts(*optimizer_, model_->named_parameters(), zero, runtime_.world(), parts);
   detail::rng_parts(runtime_.world(), o.device, parts);
-  const auto& script = model_->torchscript_bytes();
-  torch::Tensor script_bytes;
-  if (!script.empty()) {
-    script_bytes = torch::empty({static_cast<int64_t>(script.size())}, torch::kByte);
-    std::memcpy(script_bytes.data_ptr(), script.data(), script.size());
-    parts.push_back(detail::even_share("torchscript", script_bytes, rank, size));
+  const auto& file = model_->file();  // a model from Python: its file, under its format's name
+  torch::Tensor file_bytes;
+  if (!file.bytes.empty()) {
+    file_bytes = torch::empty({static_cast<int64_t>(file.bytes.size())}, torch::kByte);
+    std::memcpy(file_bytes.data_ptr(), file.bytes.data(), file.bytes.size());
+    parts.push_back(detail::even_share(file.format, file_bytes, rank, size));
   }
   meta.ints = {{"steps_per_epoch", steps_per_epoch_},
                {"world_size", size},

@@ -1,4 +1,4 @@
-#include "comm/stall.hpp"
+#include "runtime/stall.hpp"
 
 #include "common/text.hpp"
 

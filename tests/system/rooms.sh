@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The rooms of src/ (its folders) include each other without a cycle (scripts/rooms.py): fails naming
+# the cycle and the includes that close it; and a cycle added in a copy is caught.
+# usage: rooms.sh SOURCE_DIR
+source "$(dirname "$0")/lib.sh"
+src=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+rooms() { "$TEST_PYTHON" "$src/scripts/rooms.py" "$@" >"$tmp/out" 2>&1; }
+says() { grep -q -- "$1" "$tmp/out"; }
+
+rooms --root "$src" --check
+rc=$?
+err=$(cat "$tmp/out")  # shown by check on a failure: the cycles and their includes
+check "the rooms include each other without a cycle" [ $rc -eq 0 ]
+err=
+rooms --root "$src" --print
+rc=$?
+check "the graph prints" [ $rc -eq 0 ]
+check "with comm above runtime" says '^comm -> runtime '
+check "and no room above app" lacks '-> app ' "$(cat "$tmp/out")"
+
+# A copy of src/ whose runtime includes a header of comm (which includes runtime).
+cp -r "$src/src" "$tmp/src"
+printf '#include "comm/work.hpp"\n' >>"$tmp/src/runtime/wait.hpp"
+rooms --root "$tmp" --check
+rc=$?
+check "a cycle fails the check" [ $rc -eq 1 ]
+check "it names the cycle" says '^rooms: cycle: comm -> runtime -> comm '
+check "and the include that closes it" says '^  runtime -> comm: src/runtime/wait.hpp: #include "comm/work.hpp"'
+finish
