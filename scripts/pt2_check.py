@@ -11,9 +11,10 @@ import torch.utils.checkpoint as ckpt  # checkpoint_sequential calls checkpoint
 
 EXECUTOR_HOPS = {"cond", "while_loop", "wrap_with_set_grad_enabled", "wrap_with_autocast"}
 # symbolic-shape arithmetic, as src/pt2/pt2_program.cpp's symbolic_ops(); getitem (never serialized)
-SYMBOLIC = {f"_operator.{o}" for o in "add sub mul floordiv mod truediv pow neg eq ne lt le gt ge and_ or_".split()}
-SYMBOLIC |= {"_operator.not_", "_operator.getitem", "torch.sym_not", "torch.sym_max", "torch.sym_min",
-             "torch.sym_float", "torch.sym_int", "math.ceil", "math.floor", "math.sqrt"}
+SYMBOLIC = {f"_operator.{o}" for o in
+            "add sub mul floordiv mod truediv pow neg pos eq ne lt le gt ge and_ or_ not_ lshift rshift".split()}
+SYMBOLIC |= {"_operator.getitem", "torch.sym_not", "torch.sym_max", "torch.sym_min", "torch.sym_float",
+             "torch.sym_int", "torch.sym_ite", "torch._sym_sqrt", "math.ceil", "math.floor", "math.trunc"}
 LOSSY = [(ckpt, "checkpoint", "torch.utils.checkpoint", "export inlines it, no recompute"),
          (flex, "flex_attention", "flex_attention", "torch.export.save fails on it in the training IR")]
 

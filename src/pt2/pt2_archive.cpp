@@ -52,8 +52,17 @@ std::vector<int64_t> as_ints(const Json& list, const std::string& where) {
   return out;
 }
 
-// One stored tensor from its blob and its tensor_meta: the blob is the tensor's storage.
-torch::Tensor tensor_from_blob(std::string blob, const Json& meta, const std::string& where) {
+// A blob's bytes as a storage (torch.export.save writes one blob per storage: several tensors may
+// view it, each at its own sizes, strides and offset).
+torch::Tensor storage_of(const std::string& bytes) {
+  auto storage = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kByte);
+  std::memcpy(storage.data_ptr(), bytes.data(), bytes.size());
+  return storage;
+}
+
+// One stored tensor: its tensor_meta's view of its blob's storage, as a leaf of its own (a
+// parameter must be one), sharing the storage's memory.
+torch::Tensor tensor_in_blob(const torch::Tensor& storage, const Json& meta, const std::string& where) {
   const auto dtype = scalar_type_of(meta.at("dtype").get<int64_t>(), where);
   MPIDDP_CHECK(layout_of(meta.at("layout").get<int64_t>(), where) == c10::kStrided,
                where + ": only strided (dense) tensors can be trained");
@@ -63,13 +72,10 @@ torch::Tensor tensor_from_blob(std::string blob, const Json& meta, const std::st
   int64_t last = offset;  // the furthest element the view reaches
   for (size_t d = 0; d < sizes.size(); ++d) last += sizes[d] > 0 ? (sizes[d] - 1) * strides[d] : 0;
   const bool empty = std::any_of(sizes.begin(), sizes.end(), [](int64_t s) { return s == 0; });
-  MPIDDP_CHECK(empty || (last + 1) * item <= static_cast<int64_t>(blob.size()),
-               where + ": its blob holds " + std::to_string(blob.size()) + " bytes, too few for " + shape_text(sizes) +
-                   " at offset " + std::to_string(offset));
-  auto storage = torch::empty({static_cast<int64_t>(blob.size()) / item}, torch::TensorOptions().dtype(dtype));
-  std::memcpy(storage.data_ptr(), blob.data(), static_cast<size_t>(storage.numel() * item));
-  // A leaf of its own over the blob's storage (not a view of `storage`: a parameter must be a leaf).
-  return torch::empty({0}, storage.options()).set_(storage.storage(), offset, sizes, strides);
+  MPIDDP_CHECK(empty || (last + 1) * item <= storage.numel(),
+               where + ": its blob holds " + std::to_string(storage.numel()) + " bytes, too few for " +
+                   shape_text(sizes) + " at offset " + std::to_string(offset));
+  return torch::empty({0}, torch::TensorOptions().dtype(dtype)).set_(storage.storage(), offset, sizes, strides);
 }
 
 }  // namespace
@@ -117,7 +123,7 @@ c10::MemoryFormat memory_format_of(int64_t serialized, const std::string& where)
   return it->second;
 }
 
-Pt2Archive::Pt2Archive(std::string bytes, std::string name) : bytes_(std::move(bytes)), name_(std::move(name)) {
+Pt2Archive::Pt2Archive(const std::string& bytes, std::string name) : bytes_(bytes), name_(std::move(name)) {
   try {
     reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(std::make_shared<BytesReader>(bytes_));
   } catch (const std::exception& e) {
@@ -171,20 +177,24 @@ Json Pt2Archive::program(const std::string& program) const {
 StoredTensors Pt2Archive::stored(const std::string& folder, const std::string& config) const {
   StoredTensors out;
   if (!has_record(config)) return out;
-  std::map<std::string, torch::Tensor> by_blob;  // tied weights: one blob, one tensor
+  std::map<std::string, torch::Tensor> storages;  // by blob
+  std::map<std::string, torch::Tensor> views;     // by blob and tensor_meta: tied weights, one tensor
   try {
     const auto entries = Json::parse(record(config)).at("config");
     for (const auto& [tensor_name, entry] : entries.items()) {
       const std::string where = "'" + name_ + "': " + folder + " '" + tensor_name + "'";
       MPIDDP_CHECK(!entry.value("use_pickle", false),
-                   where + " is a pickled tensor subclass, which mpiddp cannot train");
+                   where + " is pickled (a tensor subclass or an object), which mpiddp cannot train");
       StoredTensor t;
       t.blob = entry.at("path_name").get<std::string>();
       t.is_param = entry.value("is_param", false);
-      t.requires_grad = entry.at("tensor_meta").value("requires_grad", false);
-      auto& shared = by_blob[t.blob];
-      if (!shared.defined()) shared = tensor_from_blob(record(folder + t.blob), entry.at("tensor_meta"), where);
-      t.tensor = shared;
+      const auto& meta = entry.at("tensor_meta");
+      t.requires_grad = meta.value("requires_grad", false);
+      auto& storage = storages[t.blob];
+      if (!storage.defined()) storage = storage_of(record(folder + t.blob));
+      auto& view = views[t.blob + " " + meta.dump()];
+      if (!view.defined()) view = tensor_in_blob(storage, meta, where);
+      t.tensor = view;
       out.emplace_back(tensor_name, std::move(t));
     }
   } catch (const Json::exception& e) {
@@ -216,7 +226,7 @@ std::string Pt2Archive::with_weights(const std::map<std::string, torch::Tensor>&
                                                                   shape_text(it->second.sizes()) + ", the archive's " +
                                                                   shape_text(stored.tensor.sizes()));
     torch::NoGradGuard no_grad;
-    stored.tensor.copy_(it->second.detach().to(torch::kCPU));
+    stored.tensor.copy_(it->second.detach().to(torch::kCPU));  // into the blob's storage, at its view
     blobs[stored.blob] = stored.tensor;
   }
   std::string out;

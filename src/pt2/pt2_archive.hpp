@@ -36,9 +36,10 @@ using StoredTensors = std::vector<std::pair<std::string, StoredTensor>>;
 
 class Pt2Archive {
  public:
-  /// Opens the archive's bytes; `name` names it in messages. Throws mpiddp::Error (one line)
-  /// when they are not a .pt2 archive (not a zip, no archive_format "pt2", no program).
-  Pt2Archive(std::string bytes, std::string name);
+  /// Opens the archive's bytes, which must outlive it (read in place, never copied whole); `name`
+  /// names it in messages. Throws mpiddp::Error (one line) when they are not a .pt2 archive (not a
+  /// zip, no archive_format "pt2", no program).
+  Pt2Archive(const std::string& bytes, std::string name);
   ~Pt2Archive();
   Pt2Archive(const Pt2Archive&) = delete;
   Pt2Archive& operator=(const Pt2Archive&) = delete;
@@ -64,7 +65,7 @@ class Pt2Archive {
   bool has_record(const std::string& path) const;
   StoredTensors stored(const std::string& folder, const std::string& config) const;
 
-  std::string bytes_;
+  const std::string& bytes_;
   std::string name_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
 };

@@ -7,9 +7,11 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #if MPIDDP_HAS_PT2
+#include <ATen/Context.h>
+
+#include <mutex>
 #include <set>
 
 #include "common/text.hpp"
@@ -42,8 +44,11 @@ class Pt2Model final : public Model {
                                            "'" + name + "' program '" + std::string(kEvalProgram) + "'");
     }
     load_tensors(train);
-    train_inputs_ = bind(*train_);
-    if (eval_) eval_inputs_ = bind(*eval_);
+    train_inputs_ = bind(*train_, constants_);
+    if (eval_) {
+      for (auto& [name, stored] : archive_.constants(kEvalProgram)) eval_constants_.emplace_back(name, stored.tensor);
+      eval_inputs_ = bind(*eval_, eval_constants_);
+    }
     nodes_ = archive_.program(train).at("graph_module").at("graph").at("nodes").size();
   }
 
@@ -58,9 +63,9 @@ class Pt2Model final : public Model {
   std::pair<torch::Tensor, torch::Tensor> forward_with_loss(const torch::Tensor& input,
                                                             const torch::Tensor& targets) override {
     auto out = run({input, targets});
-    MPIDDP_CHECK(out.size() == 2 && out[0].isTensor() && out[1].isTensor(),
+    MPIDDP_CHECK(out.size() == 2 && out[0].isTensor() && out[1].isTensor() && out[1].toTensor().dim() == 0,
                  "'" + archive_.name() + "' returned " + std::to_string(out.size()) +
-                     " outputs from forward(inputs, targets), not (outputs, loss)");
+                     " outputs from forward(inputs, targets), not (outputs, loss) with the loss a scalar");
     return {out[0].toTensor(), out[1].toTensor()};
   }
   NamedTensors named_parameters() const override { return parameters_; }
@@ -70,14 +75,19 @@ class Pt2Model final : public Model {
     training_ = on;
     if (eval_) return;
     // Evaluation with the training program: its in-place buffer updates (BatchNorm's running
-    // statistics) are undone when training resumes, as evaluation must leave the model as it was.
+    // statistics) and its random draws (dropout) are undone when training resumes, as evaluation
+    // must leave the model and the run's random sequence as they were.
     torch::NoGradGuard no_grad;
+    auto generator = at::globalContext().defaultGenerator(device_);
+    std::lock_guard<std::mutex> lock(generator.mutex());
     if (!on) {
       saved_buffers_.clear();
       for (const auto& [name, b] : buffers_) saved_buffers_.push_back(b.clone());
+      saved_generator_ = generator.get_state();
     } else {
       for (size_t i = 0; i < saved_buffers_.size(); ++i) buffers_[i].second.copy_(saved_buffers_[i]);
       saved_buffers_.clear();
+      generator.set_state(saved_generator_);
     }
   }
   void to(c10::Device device) override {
@@ -90,6 +100,7 @@ class Pt2Model final : public Model {
     move(parameters_);
     move(buffers_);
     move(constants_);
+    move(eval_constants_);
     device_ = device;
   }
   std::string description() const override { return "pt2 program (" + std::to_string(nodes_) + " nodes)"; }
@@ -105,7 +116,8 @@ class Pt2Model final : public Model {
     if (eval_) return {};
     return {"note: '" + archive_.name() +
             "' holds no eval program (torch.export of model.eval() saved as 'eval'): "
-            "evaluation runs the training program under no_grad (dropout and batch statistics on), buffers restored"};
+            "evaluation runs the training program under no_grad (dropout and batch statistics on), its buffers "
+            "and random state restored after"};
   }
 
   // A batch dimension exported static: the first input's first size.
@@ -115,16 +127,11 @@ class Pt2Model final : public Model {
   }
 
  private:
-  // The training program's weights: parameters (tied ones one tensor under each name), persistent
-  // buffers; its constants: non-persistent buffers and tensor constants. The eval program reads
-  // the same tensors by name.
+  // The training program's weights: parameters (tied ones one tensor under each name) and
+  // persistent buffers, the module's state_dict; its constants: non-persistent buffers and tensor
+  // constants, which the archive keeps. The eval program reads the same weights by name, and
+  // constants of its own.
   void load_tensors(const std::string& program) {
-    std::set<std::string> buffer_names;
-    for (const auto* program : {train_.get(), eval_.get()}) {
-      if (!program) continue;
-      for (const auto& in : program->inputs())
-        if (in.kind == Pt2Input::Kind::Buffer) buffer_names.insert(in.target);
-    }
     for (auto& [name, stored] : archive_.weights(program)) {
       if (stored.is_param) {
         stored.tensor.set_requires_grad(stored.requires_grad);
@@ -133,9 +140,7 @@ class Pt2Model final : public Model {
         buffers_.emplace_back(name, stored.tensor);
       }
     }
-    for (auto& [name, stored] : archive_.constants(program)) {
-      (buffer_names.count(name) ? buffers_ : constants_).emplace_back(name, stored.tensor);
-    }
+    for (auto& [name, stored] : archive_.constants(program)) constants_.emplace_back(name, stored.tensor);
   }
 
   static const torch::Tensor* find(const NamedTensors& named, const std::string& name) {
@@ -146,7 +151,7 @@ class Pt2Model final : public Model {
 
   // One value per program input: the module's tensors bound once (moved in place by to(), so the
   // binding stays valid); user inputs left empty.
-  std::vector<c10::IValue> bind(const Pt2Program& program) const {
+  std::vector<c10::IValue> bind(const Pt2Program& program, const NamedTensors& constants) const {
     std::vector<c10::IValue> out;
     for (const auto& in : program.inputs()) {
       const torch::Tensor* t = nullptr;
@@ -155,10 +160,10 @@ class Pt2Model final : public Model {
           t = find(parameters_, in.target);
           break;
         case Pt2Input::Kind::Buffer:
-          t = find(buffers_, in.target);
+          t = in.persistent ? find(buffers_, in.target) : find(constants, in.target);
           break;
         case Pt2Input::Kind::Constant:
-          t = find(constants_, in.target);
+          t = find(constants, in.target);
           break;
         case Pt2Input::Kind::User:
           out.emplace_back();
@@ -182,12 +187,13 @@ class Pt2Model final : public Model {
       const auto& sizes = exported[i];
       bool fits = sizes.empty() || static_cast<int64_t>(sizes.size()) == user[i].dim();
       for (size_t d = 0; fits && d < sizes.size(); ++d) fits = sizes[d] < 0 || sizes[d] == user[i].size(d);
+      if (fits) continue;
       std::string shape = "[";
       for (size_t d = 0; d < sizes.size(); ++d)
         shape += (d ? ", " : "") + (sizes[d] < 0 ? "*" : std::to_string(sizes[d]));
-      MPIDDP_CHECK(fits, "'" + archive_.name() + "' was exported for input " + std::to_string(i) + " of shape " +
-                             shape + "], given " + detail::shape_text(user[i].sizes()) +
-                             " (export with dynamic_shapes to let a dimension vary, e.g. the batch)");
+      MPIDDP_THROW("'" + archive_.name() + "' was exported for input " + std::to_string(i) + " of shape " + shape +
+                   "], given " + detail::shape_text(user[i].sizes()) +
+                   " (export with dynamic_shapes to let a dimension vary, e.g. the batch)");
     }
   }
 
@@ -219,9 +225,10 @@ class Pt2Model final : public Model {
   ModelFile file_;
   Pt2Archive archive_;
   std::unique_ptr<Pt2Program> train_, eval_;
-  NamedTensors parameters_, buffers_, constants_;
+  NamedTensors parameters_, buffers_, constants_, eval_constants_;
   std::vector<c10::IValue> train_inputs_, eval_inputs_;
   std::vector<torch::Tensor> saved_buffers_;
+  torch::Tensor saved_generator_;
   c10::Device device_ = c10::kCPU;
   bool training_ = true;
   size_t nodes_ = 0;
@@ -244,11 +251,11 @@ std::shared_ptr<Model> load_pt2_bytes(std::string /*bytes*/, const std::string& 
 
 std::shared_ptr<Model> load_pt2(const std::string& path) {
   MPIDDP_CHECK(std::filesystem::is_regular_file(path), ".pt2 file '" + path + "' does not exist");
+  std::string bytes(std::filesystem::file_size(path), '\0');  // read once, in place
   std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  MPIDDP_CHECK(in.good() || in.eof(), "cannot read .pt2 file '" + path + "'");
-  return load_pt2_bytes(bytes.str(), path);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  MPIDDP_CHECK(in.good(), "cannot read .pt2 file '" + path + "'");
+  return load_pt2_bytes(std::move(bytes), path);
 }
 
 }  // namespace mpiddp

@@ -207,12 +207,20 @@ const std::map<std::string, SymbolicFn>& symbolic_ops() {
       {"torch.sym_int", [](const auto& a) -> c10::IValue { return static_cast<int64_t>(real_of(a.at(0))); }},
       {"math.ceil", [](const auto& a) -> c10::IValue { return static_cast<int64_t>(std::ceil(real_of(a.at(0)))); }},
       {"math.floor", [](const auto& a) -> c10::IValue { return static_cast<int64_t>(std::floor(real_of(a.at(0)))); }},
-      {"math.sqrt", [](const auto& a) -> c10::IValue { return std::sqrt(real_of(a.at(0))); }},
+      {"math.trunc", [](const auto& a) -> c10::IValue { return static_cast<int64_t>(std::trunc(real_of(a.at(0)))); }},
+      {"torch._sym_sqrt", [](const auto& a) -> c10::IValue { return std::sqrt(real_of(a.at(0))); }},
+      {"torch.sym_ite", [](const auto& a) -> c10::IValue { return a.at(0).toBool() ? a.at(1) : a.at(2); }},
+      {"_operator.pos", [](const auto& a) -> c10::IValue { return a.at(0); }},
+      {"_operator.lshift", [](const auto& a) -> c10::IValue { return a.at(0).toInt() << a.at(1).toInt(); }},
+      {"_operator.rshift", [](const auto& a) -> c10::IValue { return a.at(0).toInt() >> a.at(1).toInt(); }},
   };
   return table;
 }
 
 const std::string kOpsPrefix = "torch.ops.";
+// The training IR's check, before a .to(dtype), that its input has the export's dtype and device:
+// not run, because mpiddp changes both (autocast makes it bfloat16; the device is the run's).
+const std::string kAssertMetadata = "torch.ops.aten._assert_tensor_metadata.default";
 const std::string kHigherOrder = "torch.ops.higher_order.";
 
 // "torch.ops.aten.add_.Tensor" -> {"aten::add_", "Tensor"} ("default": the op's unnamed overload).
@@ -408,14 +416,25 @@ Pt2Graph::Step Pt2Graph::symbolic_step(const Json& node, const std::string& wher
 
 namespace {
 
-// Sets grad mode (wrap_with_set_grad_enabled) or autocast (wrap_with_autocast) for a subgraph.
+// Autocast for a subgraph (wrap_with_autocast), as `with torch.autocast(...)`: a nesting level of
+// its own, whose end clears the cache of cast weights (else the next step would read this one's).
 class AutocastScope {
  public:
-  AutocastScope(c10::DeviceType device, bool enabled, std::optional<c10::ScalarType> dtype)
-      : device_(device), was_enabled_(compat::autocast_enabled(device)), was_dtype_(compat::autocast_dtype(device)) {
+  AutocastScope(c10::DeviceType device, bool enabled, std::optional<c10::ScalarType> dtype,
+                std::optional<bool> cache_enabled)
+      : device_(device),
+        was_enabled_(compat::autocast_enabled(device)),
+        was_dtype_(compat::autocast_dtype(device)),
+        was_caching_(at::autocast::is_autocast_cache_enabled()) {
     compat::set_autocast(device, enabled, dtype.value_or(was_dtype_));
+    if (cache_enabled) at::autocast::set_autocast_cache_enabled(*cache_enabled);
+    at::autocast::increment_nesting();
   }
-  ~AutocastScope() { compat::set_autocast(device_, was_enabled_, was_dtype_); }
+  ~AutocastScope() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_cache_enabled(was_caching_);
+    compat::set_autocast(device_, was_enabled_, was_dtype_);
+  }
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;
 
@@ -423,6 +442,7 @@ class AutocastScope {
   c10::DeviceType device_;
   bool was_enabled_;
   c10::ScalarType was_dtype_;
+  bool was_caching_;
 };
 
 std::vector<c10::IValue> values_of(const std::vector<Fetch>& fetches, const Frame& f) {
@@ -488,18 +508,23 @@ Pt2Graph::Step Pt2Graph::higher_order_step(const Json& node, const std::string& 
             }};
   }
   if (op == "wrap_with_autocast") {  // (device_type, dtype, enabled, cache_enabled, body, *args)
-    const auto device = c10::Device(inputs.at(0).at("arg").at("as_string").get<std::string>()).type();
+    // The device type it was exported on: autocast follows the run's device instead.
+    const auto device_name = inputs.at(0).at("arg").at("as_string").get<std::string>();
+    MPIDDP_CHECK(device_name == "cpu" || device_name == "cuda",
+                 where + ": autocast on device type '" + device_name + "', which mpiddp does not train on");
     const auto& dtype_arg = inputs.at(1).at("arg");
     std::optional<c10::ScalarType> dtype;
     if (dtype_arg.contains("as_scalar_type"))
       dtype = scalar_type_of(dtype_arg.at("as_scalar_type").get<int64_t>(), where);
     const bool enabled = inputs.at(2).at("arg").at("as_bool").get<bool>();
+    const auto& cache_arg = inputs.at(3).at("arg");
+    std::optional<bool> cache_enabled;
+    if (cache_arg.contains("as_bool")) cache_enabled = cache_arg.at("as_bool").get<bool>();
     auto body = subgraph(4);
     auto args = positional(inputs, 5, where);
     return {where, [=](Frame& f) {
               // The program's device type is what it was exported on: autocast follows the run's device.
-              AutocastScope scope(device == c10::kCPU || device == c10::kCUDA ? f.device.type() : device, enabled,
-                                  dtype);
+              AutocastScope scope(f.device.type(), enabled, dtype, cache_enabled);
               results(f, body->run(values_of(args, f), f.device));
             }};
   }
@@ -528,6 +553,7 @@ Pt2Graph::Pt2Graph(const Json& graph, const std::string& where) : where_(where) 
       if (!made.empty()) break;
     }
     const auto what = where_ + " node " + (made.empty() ? "" : "'" + made + "' ") + "(" + target + ")";
+    if (target == kAssertMetadata) continue;
     if (target.rfind(kHigherOrder, 0) == 0) {
       steps_.push_back(higher_order_step(node, what));
     } else if (target.rfind(kOpsPrefix, 0) == 0) {
@@ -593,6 +619,7 @@ Pt2Input bind_input(const Json& spec, const std::string& where) {
   } else if (kind == "buffer") {
     in.kind = Pt2Input::Kind::Buffer;
     in.target = v.at("buffer_name").get<std::string>();
+    in.persistent = v.value("persistent", true);
   } else if (kind == "tensor_constant") {
     in.kind = Pt2Input::Kind::Constant;
     in.target = v.at("tensor_constant_name").get<std::string>();

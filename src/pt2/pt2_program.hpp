@@ -26,8 +26,9 @@ constexpr int64_t kPt2SchemaMajor = 8;
 struct Pt2Input {
   enum class Kind { Parameter, Buffer, Constant, User, Value };
   Kind kind = Kind::User;
-  std::string target;  ///< the parameter's, buffer's or constant's name (none for a user input)
-  c10::IValue value;   ///< Kind::Value: the constant it is
+  std::string target;      ///< the parameter's, buffer's or constant's name (none for a user input)
+  c10::IValue value;       ///< Kind::Value: the constant it is
+  bool persistent = true;  ///< Kind::Buffer: in the module's state_dict (else a constant of the archive)
 };
 
 /// What one of the program's outputs is (its signature's output_specs, in order).

@@ -52,10 +52,15 @@ void check_model_fits_data(const ForwardLoss& forward, const Task& task, const S
                            int64_t batch_size, bool sharded) {
   const Model& model = forward.model();
   const int64_t fixed = model.fixed_batch_size();
-  MPIDDP_CHECK(fixed == 0 || fixed == batch_size,
-               "the model (" + model.description() + ") takes batches of exactly " + std::to_string(fixed) +
-                   " (exported with static shapes): train it at --batch-size " + std::to_string(fixed) +
-                   ", or export it with a dynamic batch dimension");
+  const auto fixed_batch = [&] {
+    return "the model (" + model.description() + ") takes batches of exactly " + std::to_string(fixed) +
+           " (exported with static shapes): ";
+  };
+  MPIDDP_CHECK(fixed == 0 || fixed == batch_size, fixed_batch() + "train it at --batch-size " + std::to_string(fixed) +
+                                                      ", or export it with a dynamic batch dimension");
+  MPIDDP_CHECK(fixed == 0 || !test, fixed_batch() +
+                                        "evaluation reads other batch sizes; export it with a dynamic "
+                                        "batch dimension to evaluate it");
   if (!sharded) return check_whole_model_fits_data(forward, task, train, test);
   as_agreed([&] { check_whole_model_fits_data(forward, task, train, test); });
 }

@@ -129,6 +129,33 @@ class Dynamic(nn.Module):
         return self.fc2(F.gelu(self.ln(self.fc1(h))))
 
 
+class HigherOrder(nn.Module):
+    """The higher-order ops and the archive's corners: torch.cond on the data, a no_grad block
+    (wrap_with_set_grad_enabled), a bfloat16 autocast region cast back by .float() (wrap_with_autocast
+    and the _assert_tensor_metadata before the cast), a non-persistent buffer (an archive constant,
+    not in the state_dict), two parameters that view one storage (one blob, two offsets)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 16)
+        self.fc2 = nn.Linear(16, 4)
+        base = torch.randn(2, 16)
+        self.scale = nn.Parameter(base[0])  # one storage, offsets 0 and 16
+        self.shift = nn.Parameter(base[1])
+        self.register_buffer("mask", (torch.arange(16) % 3 != 0).float(), persistent=False)
+
+    def forward(self, x):
+        h = self.fc1(x.reshape(x.size(0), -1))
+        with torch.no_grad():
+            centre = h.mean(0, keepdim=True)
+        h = h - centre
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            g = self.fc2(h * self.mask)
+        g = g.float()
+        return torch.cond(g.sum() > 0, lambda t, a, b: t * a + b, lambda t, a, b: t - a * b,
+                          (g, self.scale[:4] * 1.0, self.shift[:4] * 1.0))
+
+
 GPT_SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=256)  # pt2_cli.sh: --block-size 16
 
 
@@ -146,6 +173,8 @@ def build(kind):
         return WithDropout(), (image,), ({0: batch},)
     if kind == "attn":
         return Attention(), (image,), None
+    if kind == "hop":
+        return HigherOrder(), (torch.randn(3, 1, 8, 8),), ({0: batch},)
     if kind == "dynamic":  # an example batch of 3: mpiddp's batches of 4 (and the tail) only fit a dynamic one
         return Dynamic(), (torch.randn(3, 1, 8, 8),), ({0: batch},)
     if kind == "gpt":  # nanoGPT's GPT, forward(idx, targets) -> (logits, loss), the batch dynamic

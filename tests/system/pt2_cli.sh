@@ -4,8 +4,10 @@
 # mpiddp's executor at 1, 2 and 4 ranks, equal to Python training the program's own module
 # (torch.export.load(...).module(), the same ATen graph run eagerly) on the global batch; dropout
 # at one rank drawing the same masks from --seed; BatchNorm's buffers; a dynamic batch at other
-# sizes; nanoGPT's GPT by --loss model; ZeRO 1 and 2; bitwise resume; exports loaded back by
-# torch.export; damaged and foreign archives refused in one line. Where the test Python has no
+# sizes; cond, no_grad and autocast regions, a non-persistent buffer, parameters sharing a storage;
+# nanoGPT's GPT by --loss model; ZeRO 1 and 2; accumulation, bf16, TensorBoard; bitwise
+# resume; exports loaded back by torch.export; archives of other torch releases; damaged and
+# foreign archives refused in one line. Where the test Python has no
 # torch.export (torch < 2.6: Debian 12's 1.13, whose libtorch is the same release), only the
 # refusal of a .pt2 model is checked, and the rest skips (77). usage: pt2_cli.sh MPIDDP_BINARY
 source "$(dirname "$0")/lib.sh"
@@ -34,9 +36,9 @@ fi
 ref make-data "$tmp/test.h5" 64 2
 ref make-data "$tmp/odd.h5" 26 6  # 13 samples a rank at 2 ranks: batches of 4, 4, 4 and 1
 text_shards "$tmp/tiny" 1500 7   # byte tokens (vocabulary 256) as llm.c shards, for the GPT
-ref make-models "$tmp" 3 mlp bn dropout attn dynamic gpt resnet18
-check "the programs: mlp, bn, dropout, attn, dynamic, gpt (torch.export.save)" \
-  all_exist "$tmp"/{mlp,bn,dropout,attn,dynamic,gpt}.pt2
+ref make-models "$tmp" 3 mlp bn dropout attn dynamic gpt hop resnet18
+check "the programs: mlp, bn, dropout, attn, dynamic, gpt, hop (torch.export.save)" \
+  all_exist "$tmp"/{mlp,bn,dropout,attn,dynamic,gpt,hop}.pt2
 
 # ---- equal to Python on the global batch -------------------------------------------------------
 # mlp and attn were exported with every shape the example's, the batch of 4 included: every rank
@@ -60,12 +62,12 @@ train_kind() {
 }
 # BatchNorm (each rank's slice its own statistics, rank 0's buffers) and dropout (the masks drawn
 # from --seed's generator, one rank's sequence) at one rank.
-declare -A ranks=([mlp]="1 2 4" [attn]="1 2 4" [dynamic]="1 2 4" [bn]="1" [dropout]="1")
+declare -A ranks=([mlp]="1 2 4" [attn]="1 2 4" [dynamic]="1 2 4" [hop]="1 2" [bn]="1" [dropout]="1")
 data_of() {  # KIND: the data options of its runs, in $data
   data=(--data "$tmp/train.h5")
-  case $1 in bn | dropout | dynamic) data+=(--test-data "$tmp/test.h5") ;; esac
+  case $1 in bn | dropout | dynamic | hop) data+=(--test-data "$tmp/test.h5") ;; esac
 }
-for kind in mlp bn dropout attn dynamic; do
+for kind in mlp bn dropout attn dynamic hop; do
   list=${ranks[$kind]}
   ref reference "$tmp/$kind.pt2" "$tmp/train.h5" "${list// /,}" $batch $steps $lr $momentum "$tmp/$kind-np{ranks}.ref.pt" 0 $seed
   data_of "$kind"
@@ -144,6 +146,31 @@ for stage in 1 2; do
   check "mlp np2 --zero-stage $stage: equal to DDP (1e-6)" ref compare "$tmp/mlp-np2.state.pt" "$tmp/zero$stage.state.pt" 1e-6
 done
 
+# ---- accumulation, precision, TensorBoard: the Trainer's options on a program ------------------
+# Two micro-batches of 4 at one rank are the 8 samples a step of 4 at each of 2 ranks takes (rank r
+# takes samples r, r + 2, ...): the same mean gradient.
+train_kind mlp 1 "$tmp/accum" --data "$tmp/train.h5" "${common[@]}" --grad-accum 2
+check "mlp np1 --grad-accum 2: equal to np2 (1e-5)" ref compare "$tmp/mlp-np2.state.pt" "$tmp/accum.state.pt" 1e-5
+# bf16 autocast over the program's ops: close to float32's result, and not it.
+train_kind mlp 2 "$tmp/bf16" --data "$tmp/train.h5" "${common[@]}" --precision bf16 --tensorboard "$tmp/tb"
+check "mlp np2 --precision bf16: within 2e-2 of float32" ref compare "$tmp/mlp-np2.state.pt" "$tmp/bf16.state.pt" 2e-2
+check "mlp np2 --precision bf16: autocast applied (not float32's result)" \
+  ref_differs "$tmp/mlp-np2.state.pt" "$tmp/bf16.state.pt" 1e-7
+check "mlp np2 --tensorboard: rank 0's event file" [ "$(ls "$tmp/tb" | grep -c '^events\.out\.tfevents')" -eq 1 ]
+
+# The higher-order ops' program under --precision bf16: its own .float() after an autocast region
+# (export's dtype assertion before the cast is not run), its test set evaluated once with no eval
+# program (said once).
+run_np 2 "$mpiddp" train --model "$tmp/hop.pt2" --data "$tmp/train.h5" --test-data "$tmp/test.h5" "${common[@]}" \
+  --precision bf16 --snapshot-dir "$tmp/hop-bf16" --metrics "$tmp/hop-bf16.jsonl"
+check "hop np2 --precision bf16: trains" [ "$rc" -eq 0 ]
+check "hop: no eval program, said once" [ "$(grep -c "holds no eval program" <<<"$out")" -eq 1 ]
+check "hop np2 --precision bf16: a finite test loss" py - "$tmp/hop-bf16.jsonl" <<'PY'
+import json, math, sys
+last = [r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "epoch"][-1]
+assert math.isfinite(last["test_loss"]) and math.isfinite(last["train_loss"]), last
+PY
+
 # ---- resume: stopped after step 2 of 4 (the last snapshot removed) and resumed: bitwise ---------
 for run in "dropout 1" "mlp 2"; do
   read -r kind n <<<"$run"
@@ -169,6 +196,10 @@ run_alone "$mpiddp" export "$tmp/gpt-np2/latest.h5" --format pt2 --out "$tmp/gpt
 check "export --format pt2 of the GPT" [ "$rc" -eq 0 ]
 check "the exported GPT (two inputs, dynamic batch, tied weight) loads, holds the tensors and runs" \
   ref check-export "$tmp/gpt-np2.state.pt" "$tmp/gpt-trained.pt2" 0
+run_alone "$mpiddp" export "$tmp/hop-np2/latest.h5" --format pt2 --out "$tmp/hop-trained.pt2"
+check "export --format pt2 of the higher-order ops' program" [ "$rc" -eq 0 ]
+check "the exported hop: two parameters in one blob each trained, the non-persistent buffer kept" \
+  ref check-export "$tmp/hop-np2.state.pt" "$tmp/hop-trained.pt2" 0
 
 # ---- torchvision's resnet18, where the test Python has torchvision ------------------------------
 if [ -f "$tmp/resnet18.pt2" ]; then
