@@ -17,7 +17,9 @@
 
 #include "error_of.hpp"
 
-namespace {
+// A named namespace, not an anonymous one: unity batches put this file beside others whose
+// helpers and Json alias have the same short names.
+namespace pt2_test {
 
 using mpiddp::testing::error_of;
 using Json = nlohmann::ordered_json;
@@ -213,4 +215,4 @@ TEST(Pt2Executor, OlderLibtorchRefusesInOneLine) {
 
 #endif
 
-}  // namespace
+}  // namespace pt2_test
