@@ -18,7 +18,7 @@
 # Python, on the seeds' toy (2048 x 20 regression), batch 32, MPIDDP_PT2_MLP_EPOCHS (100) epochs.
 # The contenders' order rotates by round.
 # Metrics, from mpiddp's own --metrics file (rank 0), per part and rank count:
-#   throughput          the epochs' samples (cnn) or tokens (gpt) over their seconds (first step included)
+#   throughput          the epochs' samples (tokens: gpt) over their seconds (first step included)
 #   step time           the median of the progress windows' seconds per step, the first window
 #                       (warm-up) left out: the steady step (mlp, whose epochs are too short for
 #                       progress windows: the median of its epochs' seconds per step, the first left out)
@@ -29,11 +29,13 @@
 # (MPIDDP_BENCH_STACKS="pip sid"; libtorch 2.14 in the chroot, build-sid). A stack's mpiddp is
 # built (build_stacks) only where its build directory has none.
 # Environment: MPIDDP_PT2_PARTS ("cnn mlp gpt"), MPIDDP_PT2_RANKS ("1 2"), MPIDDP_PT2_SNAPSHOTS (1),
-# MPIDDP_PT2_GPT_STEPS (60), MPIDDP_PT2_MLP_EPOCHS (100), MPIDDP_BENCH_PAUSE_WHILE (a pgrep -f pattern, e.g. "cmake --build|ninja":
-# before each run, wait while a process matches it, and run again one that ends while one does (3
-# tries; then kept, "disturbed" in results.jsonl): a shared machine's builds stay out of the runs).
+# MPIDDP_PT2_GPT_STEPS (60), MPIDDP_PT2_MLP_EPOCHS (100), MPIDDP_BENCH_PAUSE_WHILE (a pgrep -f
+# pattern, e.g. "cmake --build|ninja|ctest": before each run, wait while a process matches it, and
+# run again one that ends while one does; after 3 tries it is kept as "disturbed" in results.jsonl,
+# its records null: a shared machine's builds and tests stay out of the runs).
 # Records (bench/lib.sh) in $OUT_DIR/records.jsonl (default BUILD_DIR/bench-pt2), the runs in
-# results.jsonl, each run's metrics and output in runs/; the table by bench/report.py, each
+# results.jsonl (both saved to bench/results/), each run's metrics and output in runs/; the models
+# in models-STACK/ (models.json: each program's nodes); the table by bench/report.py, each
 # contender against the built-in model and TorchScript (step time: a ratio above 1 is slower).
 #   usage: bench/pt2_bench.sh [BUILD_DIR] [ROUNDS] [SAMPLES]
 #   (inside a stack, called by itself: bench/pt2_bench.sh --round STACK STACK_BUILD ROUND OUT_DIR)
@@ -219,9 +221,11 @@ for r in map(json.loads, open(sys.argv[1])):
     step = 1000 * r["step_s"] if ok and r["step_s"] else None
     first = r["first_step_s"] if ok else None
     for metric, value, u in (("throughput", rate, unit), ("step time", step, "ms"), ("time to first step", first, "s")):
-        print(f"{where}\t{r['round']}\t{NAMES[r['who']]}\t{r['part']} {metric}, {ranks}\t{'nan' if value is None else value}\t{u}")
+        value = "nan" if value is None else value
+        print(f"{where}\t{r['round']}\t{NAMES[r['who']]}\t{r['part']} {metric}, {ranks}\t{value}\t{u}")
 PY
 save_results
+save_results "$out/results.jsonl"
 /usr/bin/python3 bench/report.py --ref "built-in (C++)" --ref "TorchScript" "$out/records.jsonl"
 /usr/bin/python3 - "$out/results.jsonl" "$out"/models-*/models.json <<'PY'
 import json, sys
@@ -231,8 +235,10 @@ for path in sys.argv[2:]:
               f"({m['ops']} ops), {m['parameters']:,} parameters")
 failed = [r for r in map(json.loads, open(sys.argv[1])) if r["rc"] != 0]
 for r in failed:
-    print(f"FAILED: {r['stack']} round {r['round']} {r['part']} {r['who']}, {r['ranks']} rank(s): rc {r['rc']}: {r['error']}")
+    print(f"FAILED: {r['stack']} round {r['round']} {r['part']} {r['who']}, {r['ranks']} rank(s): "
+          f"rc {r['rc']}: {r['error']}")
 for r in map(json.loads, open(sys.argv[1])):
     if r.get("disturbed"):
-        print(f"DISTURBED (no record): {r['stack']} round {r['round']} {r['part']} {r['who']}, {r['ranks']} rank(s)")
+        print(f"DISTURBED (no record): {r['stack']} round {r['round']} {r['part']} {r['who']}, "
+              f"{r['ranks']} rank(s)")
 PY

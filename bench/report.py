@@ -28,6 +28,7 @@ DEFAULT_REFS = {
     "train": ["Python DDP (gloo), 2 ranks"],
     "lm": ["Python DDP (nanoGPT's model), 2 ranks"],
     "resnet": ["Python DDP (gloo), eager torchvision model"],
+    "pt2": ["built-in (C++)", "TorchScript"],
     "options": ["prefetch=0", "fp32"],
     "zero-fit": ["stage 0"],
 }

@@ -48,6 +48,7 @@ RECORDS = {
     "checkpoint": [("GPT 6 × 384", "bench-checkpoint-2026-11-26-c1c28d8-dirty.jsonl"),
                    ("GPT 4 × 256", "bench-checkpoint-2026-11-26-8ca288b.jsonl")],
     "resnet": ["bench-resnet-2026-11-23-records.jsonl"],
+    "pt2": ["bench-pt2-2026-11-29-3cea678-dirty.jsonl"],
     "soak": ["bench-soak-2026-11-25-records.jsonl"],
     "options": ["bench-options-2026-11-24-records.jsonl"],
     # one round of scripts/gpu.sh on the device machine: its own files (PREFIX-figures.jsonl, ...), not records
@@ -417,6 +418,26 @@ def resnet_figures():
     return "\n".join(lines), files("resnet")
 
 
+PT2 = {"builtin": "built-in (C++)", "torchscript": "TorchScript", "pt2": "torch.export (.pt2)"}
+PT2_PARTS = {"cnn": "CNN, batch 64", "mlp": "MLP 20-128-64-1, batch 32", "gpt": "GPT 4 × 256, batch 8 × 128"}
+
+
+def pt2_figures():
+    """The executor's steady step time against the same model built in C++ and as TorchScript."""
+    rows, out = rows_of("pt2"), []
+    for part, label in PT2_PARTS.items():
+        for ranks in ("1 rank", "2 ranks"):
+            metric = f"{part} step time, {ranks}"
+            steps = {who: report.values(rows, c, metric) for who, c in PT2.items()}
+            if not steps["pt2"]:
+                continue
+            out.append([f"{label}, {ranks}", med_range(steps["pt2"]),
+                        ratio_rounds(report.ratios(steps["pt2"], steps["builtin"])),
+                        ratio_rounds(report.ratios(steps["pt2"], steps["torchscript"]))])
+    head = ["model", ".pt2 step, ms: median (range)", "/ C++", "/ TorchScript"]
+    return "\n".join(table(head, out)), files("pt2")
+
+
 def soak_figures():
     out = []
     for r in rows_of("soak"):
@@ -659,7 +680,8 @@ PAGES = {
     "README.md": {"results": readme_results},
     "docs/performance.md": {"comm": comm_figures, "train": train_figures, "floor": floor_figures, "lm": lm_figures,
                             "snapshot": snapshot_figures, "zero": zero_figures, "zero-fit": zero_fit_figures,
-                            "checkpoint": checkpoint_figures, "resnet": resnet_figures, "soak": soak_figures,
+                            "checkpoint": checkpoint_figures, "resnet": resnet_figures, "pt2": pt2_figures,
+                            "soak": soak_figures,
                             "options": options_figures},
     "docs/gpu.md": {"gpu-checks": gpu_checks, "gpu-figures": gpu_figures, "gpu-ddp": gpu_ddp_figures,
                     "gpu-profile": gpu_profile, "gpu-loss": gpu_loss},
