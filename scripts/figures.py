@@ -680,9 +680,10 @@ PAGES = {
     "README.md": {"results": readme_results},
     "docs/performance.md": {"comm": comm_figures, "train": train_figures, "floor": floor_figures, "lm": lm_figures,
                             "snapshot": snapshot_figures, "zero": zero_figures, "zero-fit": zero_fit_figures,
-                            "checkpoint": checkpoint_figures, "resnet": resnet_figures, "pt2": pt2_figures,
+                            "checkpoint": checkpoint_figures, "resnet": resnet_figures,
                             "soak": soak_figures,
                             "options": options_figures},
+    "docs/pt2.md": {"pt2": pt2_figures},
     "docs/gpu.md": {"gpu-checks": gpu_checks, "gpu-figures": gpu_figures, "gpu-ddp": gpu_ddp_figures,
                     "gpu-profile": gpu_profile, "gpu-loss": gpu_loss},
 }
