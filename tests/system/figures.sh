@@ -23,7 +23,7 @@ cp "$src/scripts/figures.py" "$tmp/copy/scripts/"
 cp "$src/bench/report.py" "$tmp/copy/bench/"
 cp -r "$src/bench/results" "$tmp/copy/bench/"
 cp "$src/README.md" "$tmp/copy/"
-cp "$src/docs/performance.md" "$src/docs/gpu.md" "$tmp/copy/docs/"
+cp "$src"/docs/*.md "$tmp/copy/docs/"  # every page figures.py keeps
 "$TEST_PYTHON" - "$tmp/copy/docs/gpu.md" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
