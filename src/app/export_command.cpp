@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "app/cli.hpp"
@@ -50,7 +51,7 @@ void write_bytes(const std::string& path, const char* data, size_t size) {
 }
 
 // The model files a snapshot can carry (Model::file()), by format: how Python loads each.
-const std::vector<std::pair<std::string, std::string>> kModelFileFormats = {
+const std::map<std::string, std::string> kModelFileFormats = {
     {"torchscript", "TorchScript module (load: torch.jit.load)"},
     {"pt2", ".pt2 program (load: torch.export.load(FILE).module())"}};
 
@@ -85,10 +86,8 @@ std::string export_model_file(const Snapshot& s, const std::string& format, cons
   const auto text = os.str();
   write_bytes(out, text.data(), text.size());
   const auto tensors = model->named_parameters().size() + model->named_buffers().size();
-  std::string what;
-  for (const auto& [f, w] : kModelFileFormats)
-    if (f == format) what = w;
-  return model->description() + " with " + std::to_string(tensors) + " trained tensors, as a " + what;
+  return model->description() + " with " + std::to_string(tensors) + " trained tensors, as a " +
+         kModelFileFormats.at(format);
 }
 
 // torch.save's format (a zip of data.pkl and one record per storage), as torch::pickle_save

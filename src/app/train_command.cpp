@@ -311,9 +311,9 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be > 0, got " + std::to_string(c.lr));
   MPIDDP_CHECK(c.momentum >= 0 && c.weight_decay >= 0, "--momentum and --weight-decay must be >= 0");
   const auto* optimizer = find_optimizer(c.optimizer);
-  std::string names;
-  for (const auto& o : optimizers()) names += (names.empty() ? "" : ", ") + o.name;
-  MPIDDP_CHECK(optimizer, "unknown --optimizer '" + c.optimizer + "' (" + names + ")");
+  std::vector<std::string> names;
+  for (const auto& o : optimizers()) names.push_back(o.name);
+  MPIDDP_CHECK(optimizer, "unknown --optimizer '" + c.optimizer + "' (" + detail::joined(names, ", ") + ")");
   check_lr_schedule_name(c.schedule, "--lr-schedule");
   MPIDDP_CHECK(c.step_size > 0 && c.gamma > 0 && c.warmup_steps >= 0, "bad schedule parameters");
   MPIDDP_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "--min-lr must be in [0, --lr], got " + std::to_string(c.min_lr));

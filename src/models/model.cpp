@@ -169,13 +169,27 @@ std::shared_ptr<Model> load_torchscript_bytes(const std::string& bytes, const st
   return std::make_shared<ScriptModel>(std::move(module), bytes, name);
 }
 
-std::shared_ptr<Model> load_torchscript(const std::string& path) {
-  MPIDDP_CHECK(std::filesystem::is_regular_file(path), "TorchScript file '" + path + "' does not exist");
+namespace {
+
+// A model file's bytes, read once into a string of its size; `kind` ("TorchScript", ".pt2") names it
+// in the one-line errors.
+std::string model_file_bytes(const std::string& path, const std::string& kind) {
+  MPIDDP_CHECK(std::filesystem::is_regular_file(path), kind + " file '" + path + "' does not exist");
+  std::string bytes(std::filesystem::file_size(path), '\0');
   std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  MPIDDP_CHECK(in.good() || in.eof(), "cannot read TorchScript file '" + path + "'");
-  return load_torchscript_bytes(bytes.str(), path);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  MPIDDP_CHECK(in.good(), "cannot read " + kind + " file '" + path + "'");
+  return bytes;
+}
+
+}  // namespace
+
+std::shared_ptr<Model> load_torchscript(const std::string& path) {
+  return load_torchscript_bytes(model_file_bytes(path, "TorchScript"), path);
+}
+
+std::shared_ptr<Model> load_pt2(const std::string& path) {
+  return load_pt2_bytes(model_file_bytes(path, ".pt2"), path);
 }
 
 std::shared_ptr<Model> load_model_file(const std::string& path) {

@@ -5,9 +5,6 @@
 #include <mpiddp/error.hpp>
 #include <mpiddp/model.hpp>
 
-#include <filesystem>
-#include <fstream>
-
 #if MPIDDP_HAS_PT2
 #include <ATen/Context.h>
 
@@ -248,14 +245,5 @@ std::shared_ptr<Model> load_pt2_bytes(std::string /*bytes*/, const std::string& 
 }
 
 #endif
-
-std::shared_ptr<Model> load_pt2(const std::string& path) {
-  MPIDDP_CHECK(std::filesystem::is_regular_file(path), ".pt2 file '" + path + "' does not exist");
-  std::string bytes(std::filesystem::file_size(path), '\0');  // read once, in place
-  std::ifstream in(path, std::ios::binary);
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  MPIDDP_CHECK(in.good(), "cannot read .pt2 file '" + path + "'");
-  return load_pt2_bytes(std::move(bytes), path);
-}
 
 }  // namespace mpiddp
