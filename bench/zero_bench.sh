@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ZeRO's memory and speed in the run a user makes: the built-in GPT of LAYERS (6) layers x 6 heads x
-# 384 (block 256, vocabulary 256: 10.84 M parameters at 6 layers), AdamW, micro-batch 4, RANKS (2)
+# 384 (block BLOCK (256), vocabulary 256: 10.84 M parameters at 6 layers), AdamW, micro-batch BATCH (4), RANKS (2)
 # x 1 thread, default options (the bucket cap by the reduction's rule; MPIDDP_ZERO_BUCKET_MB sets
 # one), a snapshot every 3 steps (MPIDDP_ZERO_SNAPSHOTS=0: none), rounds interleaved. Contenders:
 # --zero-stage 0, 1, 2, 3; stage 3 without prefetch (--zero-no-prefetch); stage 3 with activation
@@ -9,7 +9,7 @@
 # (stage 1: 8 B/param x (N-1)/N, Adam's two moments; stage 2: 12, also the gradient; stage 3: 16,
 # also the parameters); tokens/s as the wall-clock marginal of two run lengths (start-up cancels).
 # Records (bench/lib.sh); the table by bench/report.py, against stage 0.
-#   usage: bench/zero_bench.sh [BUILD_DIR] [ROUNDS] [RANKS] [LAYERS]
+#   usage: bench/zero_bench.sh [BUILD_DIR] [ROUNDS] [RANKS] [LAYERS] [BLOCK] [BATCH]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -19,7 +19,9 @@ layers=${4:-6}
 bash scripts/deps.sh time >&2
 bash scripts/build.sh "$build" >&2
 text=$(workload_text)
-heads=6 width=384 block=256 vocab=256 batch=4
+heads=6 width=384 vocab=256
+block=${5:-256}
+batch=${6:-4}
 buckets=()
 [ -n "${MPIDDP_ZERO_BUCKET_MB:-}" ] && buckets=(--bucket-cap-mb "$MPIDDP_ZERO_BUCKET_MB")
 work=$(mktemp -d -p "$build")
