@@ -189,17 +189,15 @@ def comm_report(rows):
 
 # scripts/gpu.sh's figures: samples/s of mpiddp and Python DDP per model, GPT-2 small's tokens/s and
 # MFU, and mpiddp_ddp_bench's blocks (DDP and the same steps without communication).
-# MFU: where mpiddp's rows carry the mfu of mpiddp's own record (flops_per_s over the device's peak,
-# mpiddp's rule), that; for one model on one device MFU is proportional to tokens/s, so the Python
-# side's is its tokens/s times mpiddp's mfu per token/s. Rows without it (rounds before mpiddp
-# recorded its MFU) were reported by llm.c's formula, 6 N + 6 L C T flops a token over the GPU's
-# dense bf16 peak, kept here to read them as they were reported.
-GPT2_LAYERS, GPT2_WIDTH, GPT2_CONTEXT = 12, 768, 1024  # the GPT-2 small run of scripts/gpu.sh
+# MFU: mpiddp's own record's (flops_per_s over the device's peak, mpiddp's rule: flops.hpp and the
+# model's flops_per_token), carried by mpiddp's rows; for one model on one device MFU is proportional
+# to tokens/s, so the Python side's is its tokens/s times mpiddp's mfu per token/s. Rounds whose rows
+# predate the recorded MFU have none here: this script owns no FLOP formula and no peak table.
 
 
-def gpu_peak_flops(gpu):
-    """The GPU's dense bf16 peak: H100 SXM and H200 989 TFLOP/s, H100 NVL 835, H100 PCIe 756."""
-    return 756e12 if "PCIe" in gpu else 835e12 if "NVL" in gpu else 989e12
+def mfu_text(mfu):
+    """An MFU in % as the tables print it; '–' where the records carry none."""
+    return "–" if mfu is None else f"{mfu:.1f}%"
 
 
 def gpu_samples(rows, model):
@@ -209,23 +207,20 @@ def gpu_samples(rows, model):
 
 
 def gpu_gpt2(rows, gpu):
-    """GPT-2 small: per side its tokens/s and whole-run seconds (lists) and MFU in % (above); the
-    per-round ratios; N; the peak (None where the MFU is mpiddp's record's). None without both sides."""
+    """GPT-2 small: per side its tokens/s and whole-run seconds (lists) and MFU in % (above; None where
+    mpiddp's rows carry none); the per-round ratios; N. None without both sides."""
     g = {who: [r for r in rows if r.get("model") == "gpt2" and r.get("who") == who] for who in ("mpiddp", "python")}
     if not g["mpiddp"] or not g["python"]:
         return None
     tokens = {who: [r["tokens_per_s"] for r in rs] for who, rs in g.items()}
-    n, peak = g["python"][0]["params"], None
+    per_token = None
     if all("mfu" in r for r in g["mpiddp"]):
         per_token = 100 * st.median(r["mfu"] for r in g["mpiddp"]) / st.median(tokens["mpiddp"])
-    else:
-        peak = gpu_peak_flops(gpu)
-        per_token = 100 * (6 * n + 6 * GPT2_LAYERS * GPT2_WIDTH * GPT2_CONTEXT) / peak
-    sides = {who: {"tokens": v, "seconds": [r["seconds"] for r in g[who]], "mfu": st.median(v) * per_token}
-             for who, v in tokens.items()}
+    sides = {who: {"tokens": v, "seconds": [r["seconds"] for r in g[who]],
+                   "mfu": st.median(v) * per_token if per_token else None} for who, v in tokens.items()}
     rat = sorted(m["tokens_per_s"] / p["tokens_per_s"]
                  for m in g["mpiddp"] for p in g["python"] if m["round"] == p["round"])
-    return {"sides": sides, "ratios": rat, "params": n, "peak": peak}
+    return {"sides": sides, "ratios": rat, "params": g["python"][0]["params"]}
 
 
 def gpu_ddp(rows, model):
@@ -260,10 +255,10 @@ def gpu_report(rows, gpu):
                   "|---|---|---|---|"]
         for who, s in g["sides"].items():
             v = s["tokens"]
-            lines.append(f"| {who} | {st.median(v):.0f} ({min(v):.0f}-{max(v):.0f}) | {s['mfu']:.1f}% | "
+            lines.append(f"| {who} | {st.median(v):.0f} ({min(v):.0f}-{max(v):.0f}) | {mfu_text(s['mfu'])} | "
                          f"{st.median(s['seconds']):.1f} |")
-        mfu = (f"N = {g['params']} parameters, peak {g['peak'] / 1e12:.0f} TFLOP/s" if g["peak"]
-               else "MFU: mpiddp's record's, Python's in proportion to its tokens/s")
+        mfu = ("MFU: mpiddp's record's, Python's in proportion to its tokens/s" if g["sides"]["mpiddp"]["mfu"]
+               else "MFU: not in these rounds' records")
         rounds = ", ".join(f"{x:.2f}" for x in g["ratios"])
         lines += [f"mpiddp / Python tokens/s: {st.median(g['ratios']):.2f}x (rounds {rounds}); " + mfu, ""]
     for model in ["cnn", "mlp"]:

@@ -35,6 +35,7 @@ RECORDS = {
     "snapshot": ["bench-snapshot-2026-11-27-40b545f-dirty.jsonl"],
     "zero 6 layers": ["bench-zero-2026-11-27-5e19c9a-round-1.jsonl", "bench-zero-2026-11-27-5e19c9a-rounds-2-3.jsonl"],
     "zero 12 layers": ["bench-zero-2026-11-27-05a26d1-12-layers.jsonl"],
+    "zero block 64": ["bench-zero-2026-11-29-df74151.jsonl"],  # 6 layers, block 64, micro-batch 2
     # block 64, 1152 wide; then GPT-2's width and context (768 wide, block 1024)
     "zero-fit": ["bench-zero-fit-2026-11-27-f9b2d86.jsonl", "bench-zero-fit-2026-11-27-8e74d4a.jsonl",
                  "bench-zero-fit-2026-11-27-f7d2b82.jsonl", "bench-zero-fit-2026-11-27-8cbd763.jsonl",
@@ -289,8 +290,12 @@ def zero_runs(name):
     return out
 
 
+ZERO_SHAPES = {"6 layers": "zero 6 layers", "12 layers": "zero 12 layers",
+               "6 layers, block 64, micro-batch 2": "zero block 64"}
+
+
 def zero_figures():
-    runs = {n: zero_runs(f"zero {n}") for n in ("6 layers", "12 layers")}
+    runs = {shape: zero_runs(name) for shape, name in ZERO_SHAPES.items()}
     out = []
     for c in ZERO:
         cells = [c.replace("no prefetch", "`--zero-no-prefetch`").replace("+ checkpointing", f"+ `{AC}`")]
@@ -309,7 +314,7 @@ def zero_figures():
     lines = table(head, out) + ["", f"Goals for stage 3: ≥ {goal_share:g}% of the ideal saving "
                                     f"({verdict(share, goal_share)}), ≥ {goal_vs2:.2f}× stage 2's tokens/s "
                                     f"({verdict(vs2, goal_vs2)})."]
-    return "\n".join(lines), files("zero 6 layers") + files("zero 12 layers")
+    return "\n".join(lines), [f for name in ZERO_SHAPES.values() for f in files(name)]
 
 
 FIT_STAGES = ["stage 0", "stage 2", "stage 2 + checkpointing", "stage 3", "stage 3 + checkpointing"]
@@ -501,15 +506,14 @@ def gpu_figures():
     note = []
     if g:
         s = g["sides"]
-        tok = {w: med_range(dict(enumerate(s[w]["tokens"]))) + f", MFU {s[w]['mfu']:.1f}%" for w in s}
+        tok = {w: med_range(dict(enumerate(s[w]["tokens"]))) + f", MFU {report.mfu_text(s[w]['mfu'])}" for w in s}
         out.append(["GPT-2 small, bf16, tokens/s (nanoGPT's model on the Python side)", tok["mpiddp"], tok["python"],
                     ratio_rounds(g["ratios"], bold=True)])
         out.append(["the GPT-2 run's whole time, s (start-up included)", f"{st.median(s['mpiddp']['seconds']):.1f}",
                     f"{st.median(s['python']['seconds']):.1f}", ""])
-        note = ["", f"MFU by llm.c's formula (6N + 6LCT flops a token, N = {g['params']:,} parameters) over the GPU's "
-                    f"dense bf16 peak, {g['peak'] / 1e12:.0f} TFLOP/s." if g["peak"] else
-                    "MFU: mpiddp's own record's (its flops/s over the GPU's peak); Python's in proportion to its "
-                    "tokens/s."]
+        note = ["", "MFU: mpiddp's own record's (its flops/s over the GPU's peak); Python's in proportion to its "
+                    "tokens/s." if s["mpiddp"]["mfu"] else "MFU: –, not in these rounds' records (they predate "
+                    "mpiddp's recorded MFU; the next GPU round carries it)."]
     head = [f"{gpu}, one rank", "mpiddp (nccl)", "Python DDP (nccl, eager)", "mpiddp / Python (rounds)"]
     return "\n".join(table(head, out) + note), files("gpu")[:2]
 
@@ -600,15 +604,17 @@ def gpu_row():
     over = " / ".join(f"{st.median(d['over']):+.1f}%" for d in ddp)
     steps = " / ".join(f"{d['step_ms']:.2f}" for d in ddp)
     where = f"{gpu.replace('NVIDIA ', '')}, 1 rank, {rounds} round{'s' if rounds > 1 else ''}"
+    mfu = g["sides"]["mpiddp"]["mfu"]
+    mfu = f", MFU {mfu:.1f}% (nanoGPT {g['sides']['python']['mfu']:.1f}%)" if mfu else ""
     return (f"GPU: training vs Python DDP ({where})",
-            f"{samples} samples/s; GPT-2 small bf16 {times(st.median(g['ratios']))} nanoGPT's tokens/s, MFU "
-            f"{g['sides']['mpiddp']['mfu']:.1f}% (nanoGPT {g['sides']['python']['mfu']:.1f}%); DDP's overhead "
+            f"{samples} samples/s; GPT-2 small bf16 {times(st.median(g['ratios']))} nanoGPT's tokens/s{mfu}; "
+            f"DDP's overhead "
             f"{over} on the CNN's / MLP's {steps} ms steps (target {TARGETS['gpu ddp']:g}%)",
             "[GPU](docs/gpu.md#results-on-the-h200)"), ["gpu"]
 
 
 def zero_row():
-    z6, z12 = zero_runs("zero 6 layers"), zero_runs("zero 12 layers")
+    z6, z12, small = (zero_runs(name) for name in ZERO_SHAPES.values())
     shares = " / ".join(span(z6[s]["share"], whole) + "%" for s in ("stage 1", "stage 2", "stage 3"))
     _, fit = fit_table("zero-fit")
     gpt2 = next(v for k, v in fit.items() if "block 1024" in k)
@@ -618,13 +624,14 @@ def zero_row():
         return f"{'' if largest[s][1] else 'at least '}{largest[s][0]} M"
 
     return ("ZeRO memory", f"2 ranks, a snapshot every 3 steps, a 6-layer GPT: stages 1 / 2 / 3 save {shares} of the "
-            f"ideal peak RSS per rank (stage 3 {span(z12['stage 3']['share'], whole)}% at 12 layers); stage 3 "
+            f"ideal peak RSS per rank (stage 3 {span(z12['stage 3']['share'], whole)}% at 12 layers, "
+            f"{span(small['stage 3']['share'], whole)}% at block 64, micro-batch 2); stage 3 "
             f"{span(z6['stage 3']['vs2'])}× stage 2's tokens/s; under 8 GiB at 4 ranks, 768 wide at block 1024, "
             f"stage 2 trains {size(gpt2, 'stage 2')} parameters, stage 3 + checkpointing "
             f"{size(gpt2, 'stage 3 + checkpointing')} "
             f"({fit_ratio(gpt2)}); 1152 wide at block 64, "
             + ", ".join(f"{s} {size(block64, s)}" for s in FIT_STAGES if s in block64),
-            "[ZeRO](docs/performance.md#zero-memory)"), ["zero 6 layers", "zero 12 layers", "zero-fit"]
+            "[ZeRO](docs/performance.md#zero-memory)"), [*ZERO_SHAPES.values(), "zero-fit"]
 
 
 def snapshot_row():

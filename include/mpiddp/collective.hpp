@@ -1,9 +1,9 @@
 // Each collective described once: its name, whether it reduces or has a root, how its input and
 // output element counts relate, and nccl-tests' bus bandwidth factor. The ProcessGroup's argument
 // checks and check-mode descriptors, the backends, `mpiddp bench` and the tests read this table.
-// Adding a collective (nccl-tests' `struct testColl`) is a row here, its row in the harness that
-// `mpiddp bench` and the tests run (src/comm/collective_harness.cpp: its ProcessGroup call, input and
-// expected output), its ProcessGroup method, and each backend's launch of it.
+// Adding a collective (nccl-tests' `struct testColl`) is its row in src/comm/collective.cpp (these
+// traits with the harness's ProcessGroup call, input and expected output, which `mpiddp bench` and
+// the tests run), its ProcessGroup method, and each backend's launch of it.
 #pragma once
 
 #include <cstdint>

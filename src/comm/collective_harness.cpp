@@ -1,3 +1,4 @@
+// The collective harness (collective_harness.hpp): the shared pattern, buffers, tolerance and check.
 #include "comm/collective_harness.hpp"
 
 #include <mpiddp/error.hpp>
@@ -9,68 +10,6 @@
 #include <vector>
 
 namespace mpiddp::detail {
-
-namespace {
-
-using Args = CollectiveArgs;
-using Buffers = CollectiveBuffers;
-
-// Every rank's input is its pattern (the first `numel` elements).
-torch::Tensor pattern_input(int r, int64_t numel, const Args& /*a*/) { return pattern(r, 0, numel); }
-
-// Only the root's input is read: the others' hold kUnwritten, so a rank whose output stayed its input
-// counts as wrong.
-torch::Tensor root_input(int r, int64_t numel, const Args& a) {
-  return r == a.root ? pattern(r, 0, numel) : torch::full({numel}, kUnwritten, torch::kDouble);
-}
-
-torch::Tensor no_output(int /*r*/, int /*n*/, int64_t /*elements*/, const Args& /*a*/) { return {}; }
-
-// In the enum's order: harness() indexes by it. Each row: the ProcessGroup call, rank r's input, and
-// rank r's output as a closed form of the pattern (S = `s` elements of the whole array, n parts).
-const std::vector<HarnessRow> kHarnessRows = {
-    {Collective::kAllreduce,
-     [](ProcessGroup& pg, const Buffers& b, const Args& a) { return pg.allreduce_async(b.input, b.output, a.op); },
-     pattern_input,
-     // op over ranks of the whole array.
-     [](int /*r*/, int n, int64_t s, const Args& a) { return reduced_pattern(a.op, n, 0, s); }},
-    {Collective::kBroadcast,
-     [](ProcessGroup& pg, const Buffers& b, const Args& a) { return pg.broadcast_async(b.input, b.output, a.root); },
-     root_input,
-     // The root's array.
-     [](int /*r*/, int /*n*/, int64_t s, const Args& a) { return pattern(a.root, 0, s); }},
-    {Collective::kAllgather,
-     [](ProcessGroup& pg, const Buffers& b, const Args& /*a*/) { return pg.allgather_async(b.input, b.output); },
-     pattern_input,
-     // Part q is rank q's input (its pattern's first S/n elements).
-     [](int /*r*/, int n, int64_t s, const Args& /*a*/) {
-       std::vector<torch::Tensor> parts;
-       for (int q = 0; q < n; ++q) parts.push_back(pattern(q, 0, s / n));
-       return torch::cat(parts);
-     }},
-    {Collective::kReduceScatter,
-     [](ProcessGroup& pg, const Buffers& b, const Args& a) { return pg.reduce_scatter_async(b.input, b.output, a.op); },
-     pattern_input,
-     // op over ranks of part r.
-     [](int r, int n, int64_t s, const Args& a) { return reduced_pattern(a.op, n, r * (s / n), s / n); }},
-    {Collective::kAlltoall,
-     [](ProcessGroup& pg, const Buffers& b, const Args& /*a*/) { return pg.alltoall_async(b.input, b.output); },
-     pattern_input,
-     // Part q is part r of rank q's input.
-     [](int r, int n, int64_t s, const Args& /*a*/) {
-       std::vector<torch::Tensor> parts;
-       for (int q = 0; q < n; ++q) parts.push_back(pattern(q, r * (s / n), s / n));
-       return torch::cat(parts);
-     }},
-    {Collective::kBarrier, [](ProcessGroup& pg, const Buffers& /*b*/, const Args& /*a*/) { return pg.barrier_async(); },
-     pattern_input,  // never asked: a barrier has no buffers
-     no_output},
-};
-
-}  // namespace
-
-const HarnessRow& harness(Collective c) { return kHarnessRows.at(static_cast<size_t>(c)); }
-const std::vector<HarnessRow>& harness_rows() { return kHarnessRows; }
 
 torch::Tensor pattern(int r, int64_t first, int64_t count) {
   auto idx = torch::arange(first, first + count, torch::kLong);
@@ -106,7 +45,7 @@ CollectiveBuffers make_buffers(Collective c, int64_t elements, const torch::Tens
   MPIDDP_CHECK(!t.splits() || elements % n == 0, std::string(t.name) + " of " + std::to_string(elements) +
                                                      " elements does not split in " + std::to_string(n) + " parts");
   const int64_t part = elements / n;
-  Buffers b;
+  CollectiveBuffers b;
   switch (t.counts) {
     case CountRule::kGather:
       b.output = torch::zeros({elements}, options);

@@ -1,7 +1,8 @@
 // Internal: the one harness that runs a collective and checks its output, as nccl-tests' `struct
-// testColl` (name, sizes, bandwidth factor: include/mpiddp/collective.hpp's row; input, run function
-// and expected values: the HarnessRow here). `mpiddp bench` (its #wrong column) and
-// tests/mpi/test_comm_mpi.cpp both run collectives through it, so neither switches over collectives.
+// testColl`. A collective's harness row (its ProcessGroup call, input and expected values) is part
+// of its row in the table of collectives (src/comm/collective.cpp), beside the traits every backend
+// reads. `mpiddp bench` (its #wrong column) and tests/mpi/test_comm_mpi.cpp both run collectives
+// through it, so neither switches over collectives.
 //
 // Contract: the expected output is a closed form of the input pattern and the ReduceOp, computed
 // on each rank without any communication, so a backend is checked against an independent reference,
@@ -9,7 +10,7 @@
 // arguments and element count (it issues one collective on the group).
 //
 // Not public: a test and benchmark harness, which would bring torch types and a test pattern into
-// include/mpiddp/collective.hpp, a torch-free table every backend reads.
+// include/mpiddp/collective.hpp, a torch-free header every backend reads.
 #pragma once
 
 #include <mpiddp/collective.hpp>
@@ -39,24 +40,21 @@ struct CollectiveBuffers {
 /// reduction of them equals it, so an element left unwritten counts as wrong.
 constexpr double kUnwritten = -7;
 
-/// One collective in the harness: everything about it that needs torch or a ProcessGroup.
+/// The harness's part of a collective's row: everything about it that needs torch or a ProcessGroup.
 struct HarnessRow {
-  Collective kind;
   /// Issues the collective on `pg` through its ProcessGroup method.
   WorkHandle (*start)(ProcessGroup& pg, const CollectiveBuffers& b, const CollectiveArgs& a);
   /// Rank r's input of `numel` elements (float64 on the CPU): the pattern, or kUnwritten where the
-  /// collective does not read it (broadcast off the root).
+  /// collective does not read it (broadcast off the root); null for a collective without data.
   torch::Tensor (*input)(int r, int64_t numel, const CollectiveArgs& a);
   /// Rank r's exact output over n ranks (float64 on the CPU) when the whole array has `elements`
-  /// elements (nccl-tests' S / element size; CollectiveTraits::array_elements); undefined for a
+  /// elements (nccl-tests' S / element size; CollectiveTraits::array_elements); null for a
   /// collective without data.
   torch::Tensor (*expected)(int r, int n, int64_t elements, const CollectiveArgs& a);
 };
 
-/// The harness row of `c` (the rows follow the enum, as collectives() does).
+/// The harness's part of `c`'s row in the table of collectives.
 const HarnessRow& harness(Collective c);
-/// Every harness row, in collectives()' order.
-const std::vector<HarnessRow>& harness_rows();
 
 /// The shared input pattern, float64 on the CPU: rank r's element at global index i (first <= i <
 /// first + count) is (i + 3r) % 5 + 1. Small integers that every dtype holds exactly, as it holds
