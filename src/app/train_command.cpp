@@ -176,7 +176,7 @@ std::vector<Row> step_options() {
   };
 }
 
-// Devices, communication, records, snapshots and faults.
+// Devices, data reading, communication and records.
 std::vector<Row> run_options() {
   using C = TrainConfig;
   return {
@@ -240,6 +240,13 @@ std::vector<Row> run_options() {
       option<C>(
           "profile-steps", [](C & c) -> auto& { return c.t.profile_steps; }, "steps --profile records", {},
           std::vector<std::string>{"profile_steps"}),
+  };
+}
+
+// Snapshots, faults, progress lines and precision.
+std::vector<Row> snapshot_options() {
+  using C = TrainConfig;
+  return {
       option<C>(
           "snapshot-dir", [](C & c) -> auto& { return c.t.snapshot_dir; },
           "write snapshots here (rank 0; HDF5, latest.h5 names the newest)", kNoDefault),
@@ -282,7 +289,7 @@ std::vector<Row> run_options() {
 const std::vector<Row>& train_options() {
   static const std::vector<Row> rows = [] {
     std::vector<Row> r = model_options();
-    for (auto part : {step_options(), run_options()}) r.insert(r.end(), part.begin(), part.end());
+    for (auto part : {step_options(), run_options(), snapshot_options()}) r.insert(r.end(), part.begin(), part.end());
     r.front().record = nullptr;  // --config names where options came from, not an option of the run
     return r;
   }();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace mpiddp::detail {
 
@@ -31,6 +32,11 @@ struct RunPosition {
     next.step_in_epoch = 0;
     next.loss_sum = next.seconds = 0;
     return next;
+  }
+  /// "global step G (epoch E, step S)", as errors and notes name a step (E 1-based).
+  std::string where() const {
+    return "global step " + std::to_string(global_step) + " (epoch " + std::to_string(epoch + 1) + ", step " +
+           std::to_string(step_in_epoch) + ")";
   }
 };
 

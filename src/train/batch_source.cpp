@@ -86,9 +86,8 @@ Example BatchSource::read(int64_t i) {
     }
     return e;
   } catch (const std::exception& error) {
-    MPIDDP_THROW("cannot read the batch of global step " + std::to_string(first_global_ + i) + " (epoch " +
-                 std::to_string(epoch + 1) + ", step " + std::to_string(s) + ") from '" + o.data +
-                 "': " + detail::reason_of(error));
+    const RunPosition failed{epoch, s, first_global_ + i};
+    MPIDDP_THROW("cannot read the batch of " + failed.where() + " from '" + o.data + "': " + detail::reason_of(error));
   }
 }
 

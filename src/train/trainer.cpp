@@ -337,8 +337,7 @@ FitResult Trainer::stopped(FitResult result, const RunPosition& p, int signal,
   detail::StopSignals::stopping(signal);  // this rank too is on its way out
   result.stop_signal = signal;
   result.global_step = p.global_step;
-  note("stopped by " + std::string(detail::signal_name(signal)) + " at global step " + std::to_string(p.global_step) +
-       " (epoch " + std::to_string(p.epoch + 1) + ", step " + std::to_string(p.step_in_epoch) + ")" +
+  note("stopped by " + std::string(detail::signal_name(signal)) + " at " + p.where() +
        (detail::SnapshotPolicy(options_).enabled()
             ? "; snapshot " + result.last_snapshot + " written: rerun with --resume auto to continue"
             : "; no snapshot directory, so nothing was saved"));
@@ -346,8 +345,7 @@ FitResult Trainer::stopped(FitResult result, const RunPosition& p, int signal,
 }
 
 void Trainer::skip_step(const RunPosition& p, int bad_rank, const std::function<void(const std::string&)>& note) {
-  const std::string where = "global step " + std::to_string(p.global_step) + " (epoch " + std::to_string(p.epoch + 1) +
-                            ", step " + std::to_string(p.step_in_epoch) + ")";
+  const std::string where = p.where();
   if (!options_.skip_nonfinite_loss) {
     MPIDDP_THROW_AGREED("loss is NaN or Inf at " + where + " on rank " + std::to_string(bad_rank) +
                         "; stopping (TrainerOptions::skip_nonfinite_loss, `--on-nan skip`, skips such steps instead)");
