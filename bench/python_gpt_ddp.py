@@ -4,12 +4,14 @@ and size from Open MPI's variables), nanoGPT's loop: micro-batches of windows dr
 shard in DistributedSampler's order, loss / K, DDP's sync only on the last (no_sync), clip, AdamW
 with nanoGPT's groups. On CUDA, nanoGPT's choices there: its flash attention
 (F.scaled_dot_product_attention), fused AdamW, batches copied with non_blocking, bf16 by autocast
-(--precision bf16), one GPU per node-local rank. Prints one JSON line on rank 0 when done: the
-parameter count (distinct tensors, as llm.c counts for MFU) and the tokens/s of the steps after
---timed-from (all ranks' tokens; the clock read after torch.cuda.synchronize() on CUDA).
+(--precision bf16), one GPU per node-local rank; --compile: torch.compile(model) before DDP wraps it,
+as nanoGPT's train.py does by default (its first steps compile: --timed-from leaves them out). Prints
+one JSON line on rank 0 when done: the parameter count (distinct tensors, as llm.c counts for MFU)
+and the tokens/s of the steps after --timed-from (all ranks' tokens; the clock read after
+torch.cuda.synchronize() on CUDA).
 
 usage: mpirun -np N python3 bench/python_gpt_ddp.py SHARD STEPS L H C T BATCH ACCUM [THREADS] [PORT]
-           [--device cpu|cuda] [--backend gloo|nccl] [--precision fp32|bf16] [--vocab V] [--timed-from K]
+           [--device cpu|cuda] [--backend gloo|nccl] [--precision fp32|bf16] [--vocab V] [--timed-from K] [--compile]
            [--profile FILE [--profile-from K] [--profile-steps M]]
 --profile: torch.profiler over M steps after K (as mpiddp train's options of the same names), a Chrome
 trace per rank (FILE.rank<r>.json), for bench/profile_summary.py beside mpiddp's.
@@ -51,6 +53,7 @@ def arguments():
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--timed-from", type=int, default=0, help="steps before the tokens/s clock starts")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (nanoGPT's default)")
     ap.add_argument("--profile", default="", help="Chrome trace of --profile-steps steps (FILE.rank<r>.json)")
     ap.add_argument("--profile-from", type=int, default=10)
     ap.add_argument("--profile-steps", type=int, default=3)
@@ -86,7 +89,7 @@ def main():
         for b in model.transformer.h:
             b.attn.__class__ = FlashAttention
     params = sum(p.numel() for p in model.parameters())  # parameters() yields the tied weight once
-    ddp = DDP(model, device_ids=[device.index] if cuda else None)
+    ddp = DDP(torch.compile(model) if a.compile else model, device_ids=[device.index] if cuda else None)
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), fused=cuda)
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if a.precision == "bf16" \
         else contextlib.nullcontext()
@@ -132,7 +135,8 @@ def main():
     dist.barrier()
     if rank == 0:
         timed = steps - min(a.timed_from, steps)
-        print(json.dumps({"steps": steps, "done_unix_s": time.time(), "params": params, "loss": loss.item() * accum,
+        print(json.dumps({"steps": steps, "done_unix_s": time.time(), "params": params, "compiled": a.compile,
+                          "loss": loss.item() * accum,
                           "tokens_per_s": timed * rows * block * size / seconds if timed else None}))
     dist.destroy_process_group()
 

@@ -206,21 +206,36 @@ def gpu_samples(rows, model):
                  for who in ("mpiddp", "python"))
 
 
-def gpu_gpt2(rows, gpu):
-    """GPT-2 small: per side its tokens/s and whole-run seconds (lists) and MFU in % (above; None where
-    mpiddp's rows carry none); the per-round ratios; N. None without both sides."""
-    g = {who: [r for r in rows if r.get("model") == "gpt2" and r.get("who") == who] for who in ("mpiddp", "python")}
-    if not g["mpiddp"] or not g["python"]:
+# The GPT-2 run's contenders, in the tables' order (scripts/gpu.sh's `who`; rounds before the peers
+# were named call nanoGPT's eager run "python").
+GPT2_PEERS = ["nanogpt-compiled", "nanogpt-eager", "llm.c"]
+GPT2_LEGACY = {"python": "nanogpt-eager"}
+
+
+def gpu_gpt2(rows, gpu=None):
+    """GPT-2 small: per contender (mpiddp and each peer in the records) its tokens/s and whole-run
+    seconds (lists), MFU in % (above; None where mpiddp's rows carry none) and micro-batch; per peer
+    mpiddp's per-round ratios to it; N; the first peer (the one a user picks: nanoGPT compiled where
+    measured). None without mpiddp and a peer."""
+    g = {}
+    for r in rows:
+        if r.get("model") == "gpt2":
+            g.setdefault(GPT2_LEGACY.get(r.get("who"), r.get("who")), []).append(r)
+    peers = [p for p in GPT2_PEERS if p in g]
+    if "mpiddp" not in g or not peers:
         return None
     tokens = {who: [r["tokens_per_s"] for r in rs] for who, rs in g.items()}
     per_token = None
     if all("mfu" in r for r in g["mpiddp"]):
         per_token = 100 * st.median(r["mfu"] for r in g["mpiddp"]) / st.median(tokens["mpiddp"])
-    sides = {who: {"tokens": v, "seconds": [r["seconds"] for r in g[who]],
-                   "mfu": st.median(v) * per_token if per_token else None} for who, v in tokens.items()}
-    rat = sorted(m["tokens_per_s"] / p["tokens_per_s"]
-                 for m in g["mpiddp"] for p in g["python"] if m["round"] == p["round"])
-    return {"sides": sides, "ratios": rat, "params": g["python"][0]["params"]}
+    sides = {who: {"tokens": tokens[who], "seconds": [r["seconds"] for r in g[who]],
+                   "mfu": st.median(tokens[who]) * per_token if per_token else None,
+                   "batch": g[who][0].get("batch", 16)} for who in ["mpiddp"] + peers}
+    ratios_to = {p: sorted(m["tokens_per_s"] / q["tokens_per_s"]
+                           for m in g["mpiddp"] for q in g[p] if m["round"] == q["round"]) for p in peers}
+    params = next((r["params"] for p in peers for r in g[p] if "params" in r), None)
+    return {"sides": sides, "ratios_to": ratios_to, "ratios": ratios_to[peers[0]], "peer": peers[0],
+            "params": params}
 
 
 def gpu_ddp(rows, model):
@@ -250,17 +265,16 @@ def gpu_report(rows, gpu):
     lines.append("")
     g = gpu_gpt2(rows, gpu)
     if g:
-        lines += ["| GPT-2 small, bf16, 16 x 1024 tokens per step | tokens/s (median, range) | MFU "
-                  "| whole run, s (median) |",
-                  "|---|---|---|---|"]
+        lines += ["| GPT-2 small, bf16, micro-batch x 1024 tokens | tokens/s (median, range) | MFU "
+                  "| whole run, s (median) | mpiddp / it (rounds) |",
+                  "|---|---|---|---|---|"]
         for who, s in g["sides"].items():
-            v = s["tokens"]
-            lines.append(f"| {who} | {st.median(v):.0f} ({min(v):.0f}-{max(v):.0f}) | {mfu_text(s['mfu'])} | "
-                         f"{st.median(s['seconds']):.1f} |")
-        mfu = ("MFU: mpiddp's record's, Python's in proportion to its tokens/s" if g["sides"]["mpiddp"]["mfu"]
-               else "MFU: not in these rounds' records")
-        rounds = ", ".join(f"{x:.2f}" for x in g["ratios"])
-        lines += [f"mpiddp / Python tokens/s: {st.median(g['ratios']):.2f}x (rounds {rounds}); " + mfu, ""]
+            v, rat = s["tokens"], g["ratios_to"].get(who)
+            lines.append(f"| {who} (micro-batch {s['batch']}) | {st.median(v):.0f} ({min(v):.0f}-{max(v):.0f}) | "
+                         f"{mfu_text(s['mfu'])} | {st.median(s['seconds']):.1f} | "
+                         + (f"{st.median(rat):.2f}x ({', '.join(f'{x:.2f}' for x in rat)})" if rat else "-") + " |")
+        lines += [("MFU: mpiddp's record's, the others' in proportion to their tokens/s" if g["sides"]["mpiddp"]["mfu"]
+                   else "MFU: not in these rounds' records"), ""]
     for model in ["cnn", "mlp"]:
         d = gpu_ddp(rows, model)
         if not d:

@@ -496,26 +496,35 @@ def gpu_name():
 GPU_MODELS = {"cnn": "CNN", "mlp_wide": "the wide MLP (`mlp_wide`)", "resnet18": "ResNet-18 (TorchScript for mpiddp)"}
 
 
+GPT2_LABELS = {"mpiddp": "mpiddp (nccl)", "nanogpt-compiled": "nanoGPT's model, `torch.compile`, Python DDP",
+               "nanogpt-eager": "nanoGPT's model, eager, Python DDP", "llm.c": "llm.c's `train_gpt2cu`"}
+
+
+def gpt2_table(g):
+    """GPT-2 small's contenders: tokens/s, MFU, the whole run's seconds, mpiddp over each."""
+    out = []
+    for who, side in g["sides"].items():
+        rat = g["ratios_to"].get(who)
+        out.append([GPT2_LABELS.get(who, who), str(side["batch"]), med_range(dict(enumerate(side["tokens"]))),
+                    report.mfu_text(side["mfu"]), f"{st.median(side['seconds']):.1f}",
+                    ratio_rounds(rat, bold=who == g["peer"]) if rat else ""])
+    head = ["GPT-2 small, bf16, one rank", "micro-batch", "tokens/s", "MFU", "whole run, s (start-up included)",
+            "mpiddp / it (rounds)"]
+    mfu = ("MFU: mpiddp's own record's (its flops/s over the GPU's peak); the others' in proportion to their "
+           "tokens/s." if g["sides"]["mpiddp"]["mfu"] else "MFU: –, not in these rounds' records (they predate "
+           "mpiddp's recorded MFU; the next GPU round carries it).")
+    return table(head, out) + ["", mfu]
+
+
 def gpu_figures():
     rows, gpu, out = gpu_rows(), gpu_name(), []
     for model, label in GPU_MODELS.items():
         m, p = report.gpu_samples(rows, model)
         if m and p:
             out.append([f"{label}, samples/s", med_range(m), med_range(p), ratio_rounds(report.ratios(m, p))])
-    g = report.gpu_gpt2(rows, gpu)
-    note = []
-    if g:
-        s = g["sides"]
-        tok = {w: med_range(dict(enumerate(s[w]["tokens"]))) + f", MFU {report.mfu_text(s[w]['mfu'])}" for w in s}
-        out.append(["GPT-2 small, bf16, tokens/s (nanoGPT's model on the Python side)", tok["mpiddp"], tok["python"],
-                    ratio_rounds(g["ratios"], bold=True)])
-        out.append(["the GPT-2 run's whole time, s (start-up included)", f"{st.median(s['mpiddp']['seconds']):.1f}",
-                    f"{st.median(s['python']['seconds']):.1f}", ""])
-        note = ["", "MFU: mpiddp's own record's (its flops/s over the GPU's peak); Python's in proportion to its "
-                    "tokens/s." if s["mpiddp"]["mfu"] else "MFU: –, not in these rounds' records (they predate "
-                    "mpiddp's recorded MFU; the next GPU round carries it)."]
     head = [f"{gpu}, one rank", "mpiddp (nccl)", "Python DDP (nccl, eager)", "mpiddp / Python (rounds)"]
-    return "\n".join(table(head, out) + note), files("gpu")[:2]
+    g = report.gpu_gpt2(rows, gpu)
+    return "\n".join(table(head, out) + ([""] + gpt2_table(g) if g else [])), files("gpu")[:2]
 
 
 def gpu_ddp_figures():
@@ -604,11 +613,12 @@ def gpu_row():
     over = " / ".join(f"{st.median(d['over']):+.1f}%" for d in ddp)
     steps = " / ".join(f"{d['step_ms']:.2f}" for d in ddp)
     where = f"{gpu.replace('NVIDIA ', '')}, 1 rank, {rounds} round{'s' if rounds > 1 else ''}"
+    peers = {"nanogpt-compiled": "nanoGPT compiled", "nanogpt-eager": "nanoGPT eager", "llm.c": "llm.c"}
+    gpt2 = ", ".join(f"{times(st.median(r))} {peers[p]}'s" for p, r in g["ratios_to"].items())
     mfu = g["sides"]["mpiddp"]["mfu"]
-    mfu = f", MFU {mfu:.1f}% (nanoGPT {g['sides']['python']['mfu']:.1f}%)" if mfu else ""
+    mfu = f", MFU {mfu:.1f}%" if mfu else ""
     return (f"GPU: training vs Python DDP ({where})",
-            f"{samples} samples/s; GPT-2 small bf16 {times(st.median(g['ratios']))} nanoGPT's tokens/s{mfu}; "
-            f"DDP's overhead "
+            f"{samples} samples/s; GPT-2 small bf16 {gpt2} tokens/s{mfu}; DDP's overhead "
             f"{over} on the CNN's / MLP's {steps} ms steps (target {TARGETS['gpu ddp']:g}%)",
             "[GPU](docs/gpu.md#results-on-the-h200)"), ["gpu"]
 

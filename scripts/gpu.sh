@@ -25,9 +25,11 @@
 #   figures  samples/s on the GPU, side by side, ROUNDS rounds (env GPU_ROUNDS, default 3): mpiddp
 #            (nccl, 1 rank) and Python PyTorch DDP (nccl, 1 rank, eager) for the CNN, a 20 M-parameter
 #            MLP and torchvision's ResNet-18 (scripted for mpiddp); the GPT at GPT-2 small's shape
-#            (bf16) against nanoGPT's under Python DDP: tokens/s, MFU (llm.c's formula), whole-run
-#            seconds; DDP overhead over the same steps without communication and the GPU time of the
-#            NCCL collectives per step, from CUDA events (mpiddp_ddp_bench --device cuda)
+#            (bf16, micro-batch GPU_GPT_BATCH, default 16) against nanoGPT's under Python DDP, eager
+#            and compiled, and llm.c's train_gpt2cu where carried and built (GPU_LLMC=0: not):
+#            tokens/s, MFU (mpiddp's record's), whole-run seconds; DDP overhead over the same steps
+#            without communication and the GPU time of the NCCL collectives per step, from CUDA
+#            events (mpiddp_ddp_bench --device cuda)
 #   profile  GPT-2 small on both sides under PyTorch's profiler (steps 20-22): profile.md, per step,
 #            the GPU's busy and idle time, kernels by kind, the host's waits; GPU memory peaks; the
 #            CNN's and the MLP's DDP steps against the same steps without communication, traced
@@ -50,6 +52,7 @@ cd "$(dirname "$0")/.." || exit 1
 out=${1:-${OUT:-gpu-out}}
 stages=${2:-deps,build,tests,cli,train,launch,figures,profile}
 rounds=${GPU_ROUNDS:-3}
+gpt_batch=${GPU_GPT_BATCH:-16}
 debs=${GPU_DEBS:-.gpu-debs}
 prefix=${GPU_PREFIX:-/opt/mpiddp-deps}
 build=${GPU_BUILD:-build-gpu}
@@ -324,9 +327,85 @@ assert d <= 1e-5
 PY
 }
 
+# llm.c's train_gpt2cu built from the source gpu_debs.sh carried ($debs/llm.c, fetched from GitHub on
+# the machine that made it, never part of this repository): one GPU, no MPI or NCCL, no cuDNN (its
+# cuDNN attention needs the cudnn-frontend headers, which are not on the machine). Sets llmc to the
+# binary, or to nothing where it is not carried or does not build (said in the summary).
+llmc_build() {
+  local src=$debs/llm.c dst=$work/llm.c cc
+  llmc=
+  if [ "${GPU_LLMC:-1}" = 0 ] || [ ! -f "$src/train_gpt2.cu" ]; then
+    echo "SKIP figures: llm.c : not carried ($src; scripts/gpu_debs.sh with GPU_LLMC_GIT)" | tee -a "$summary"
+    return 0
+  fi
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)
+  rm -rf "$dst" && cp -r "$src" "$dst"
+  if make -C "$dst" train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 GPU_COMPUTE_CAPABILITY="${cc:-90}" \
+    NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >"$logs/llmc-build.log" 2>&1; then
+    result "figures: llm.c $(cat "$src/COMMIT" 2>/dev/null) built (sm_${cc:-90}, no cuDNN)" PASS
+    llmc=$dst/train_gpt2cu
+  else
+    result "figures: llm.c built" FAIL "$(tail -n 1 "$logs/llmc-build.log")"
+  fi
+}
+
+# GPT-2 small, bf16, 60 steps of GPU_GPT_BATCH (16) x 1024 tokens, one rank, each contender in turn:
+# tokens/s of the steps after the first 10 and the whole run's seconds, start-up included, as the user
+# waits for it. mpiddp: its log lines' windows 11-20 .. 51-60. nanoGPT's GPT under Python DDP, eager
+# and compiled (torch.compile, nanoGPT's default; its compilation falls in the first 10 steps): its
+# clock from step 10, synchronised. llm.c (where built): the median of its per-step times after step
+# 10. MFU: this script owns no FLOP formula or peak. mpiddp's row carries the mfu (and flops_per_s) of
+# mpiddp's own record, over the same windows, where mpiddp knows the device's peak; for one model on
+# one device MFU is proportional to tokens/s (bench/report.py derives the others'). Rows: ROUND, WHO,
+# the micro-batch.
+gpt2_round() {
+  local r=$1 fig=$2 m t0 t1 mode
+  m=$logs/fig.mpiddp.gpt2.$r.jsonl
+  rm -f "$m"
+  t0=$(date +%s.%N)
+  mpirun --oversubscribe -n 1 "$mpiddp" train "${gpt2[@]}" "${gpt_run[@]}" --batch-size "$gpt_batch" --max-steps 60 \
+    --device cuda --backend nccl --precision bf16 --log-every 10 --metrics "$m" >/dev/null
+  t1=$(date +%s.%N)
+  $py -c 'import json, statistics, sys
+w = [x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "log"][1:]
+row = {"round": int(sys.argv[2]), "model": "gpt2", "who": "mpiddp", "batch": int(sys.argv[5]),
+       "tokens_per_s": statistics.median(x["tokens_per_s"] for x in w), "seconds": float(sys.argv[4]) - float(sys.argv[3])}
+row.update({k: statistics.median(x[k] for x in w) for k in ("mfu", "flops_per_s") if w and all(k in x for x in w)})
+print(json.dumps(row))' "$m" "$r" "$t0" "$t1" "$gpt_batch" >>"$fig" ||
+    result "figures: mpiddp gpt2 round $r" FAIL
+  for mode in eager compiled; do
+    m=$logs/fig.nanogpt-$mode.gpt2.$r.jsonl
+    t0=$(date +%s.%N)
+    mpirun --oversubscribe -n 1 -x MASTER_PORT=2956$r $py bench/python_gpt_ddp.py "$data/text_train_000001.bin" 60 \
+      12 12 768 1024 "$gpt_batch" 1 --device cuda --backend nccl --precision bf16 --vocab 50304 --timed-from 10 \
+      $([ $mode = compiled ] && echo --compile) >"$m"
+    t1=$(date +%s.%N)
+    $py -c 'import json, sys
+r = json.loads(open(sys.argv[1]).readlines()[-1])
+print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": sys.argv[5], "batch": int(sys.argv[6]),
+                  "tokens_per_s": r["tokens_per_s"], "params": r["params"], "seconds": float(sys.argv[4]) - float(sys.argv[3])}))' \
+      "$m" "$r" "$t0" "$t1" "nanogpt-$mode" "$gpt_batch" >>"$fig" || result "figures: nanogpt-$mode gpt2 round $r" FAIL
+  done
+  [ -n "$llmc" ] || return 0
+  m=$logs/fig.llmc.gpt2.$r.txt
+  t0=$(date +%s.%N)
+  # Random init (-e d12); validation once at the start over one batch of the training shard (llm.c's
+  # loader needs a shard of a step's tokens); no sampling, HellaSwag or checkpoints.
+  (cd "$work/llm.c" && "$llmc" -i "$data/text_train_000001.bin" -j "$data/text_train_000001.bin" -e d12 \
+    -b "$gpt_batch" -t 1024 -d $((gpt_batch * 1024)) -x 60 -v 100000 -m 1 -s 0 -h 0 -n 0) >"$m" 2>&1
+  t1=$(date +%s.%N)
+  $py -c 'import json, re, statistics, sys
+ms = [float(t) for s, t in re.findall(r"^step\s+(\d+)/\d+ \|.*\| ([0-9.]+) ms \|", open(sys.argv[1]).read(), re.M) if int(s) > 10]
+print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": "llm.c", "batch": int(sys.argv[5]),
+                  "tokens_per_s": int(sys.argv[5]) * 1024 * 1000 / statistics.median(ms),
+                  "seconds": float(sys.argv[4]) - float(sys.argv[3])}))' "$m" "$r" "$t0" "$t1" "$gpt_batch" >>"$fig" ||
+    result "figures: llm.c gpt2 round $r" FAIL "$(tail -n 1 "$m")"
+}
+
 figures() {
-  local fig r model mm batch m t0 t1 gpu_name
+  local fig r model mm batch m gpu_name
   say "figures: $rounds round(s)"
+  llmc_build
   fig=$out/figures.jsonl
   : >"$fig"
   $py bench/python_ddp.py --model mlp_wide --save-script "$work/mlp_wide.pt" --seed 0
@@ -350,35 +429,7 @@ figures() {
       $py -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({"round": int(sys.argv[2]), "model": sys.argv[3], "who": "python", "samples_per_s": r["samples_per_s"]}))' \
         "$m" "$r" "$model" >>"$fig" || result "figures: python $model round $r" FAIL
     done
-    # GPT-2 small, bf16, 60 steps of 16 x 1024 tokens: tokens/s of the steps after the first 10
-    # (mpiddp: its log lines' windows 11-20 .. 51-60; Python: its clock from step 10, synchronised),
-    # and the whole run's seconds, start-up included, as the user waits for it. MFU: this script owns no
-    # FLOP formula or peak. mpiddp's row carries the mfu (and flops_per_s) of mpiddp's own record, over
-    # the same windows, where mpiddp knows the device's peak; for one model on one device MFU is
-    # proportional to tokens/s, so a peer's MFU is its tokens_per_s * mpiddp's mfu / mpiddp's tokens_per_s.
-    m=$logs/fig.mpiddp.gpt2.$r.jsonl
-    rm -f "$m"
-    t0=$(date +%s.%N)
-    mpirun --oversubscribe -n 1 "$mpiddp" train "${gpt2[@]}" "${gpt_run[@]}" --batch-size 16 --max-steps 60 \
-      --device cuda --backend nccl --precision bf16 --log-every 10 --metrics "$m" >/dev/null
-    t1=$(date +%s.%N)
-    $py -c 'import json, statistics, sys
-w = [x for x in map(json.loads, open(sys.argv[1])) if x.get("kind") == "log"][1:]
-row = {"round": int(sys.argv[2]), "model": "gpt2", "who": "mpiddp", "tokens_per_s": statistics.median(x["tokens_per_s"] for x in w),
-       "seconds": float(sys.argv[4]) - float(sys.argv[3])}
-row.update({k: statistics.median(x[k] for x in w) for k in ("mfu", "flops_per_s") if w and all(k in x for x in w)})
-print(json.dumps(row))' "$m" "$r" "$t0" "$t1" >>"$fig" ||
-      result "figures: mpiddp gpt2 round $r" FAIL
-    m=$logs/fig.python.gpt2.$r.jsonl
-    t0=$(date +%s.%N)
-    mpirun --oversubscribe -n 1 -x MASTER_PORT=2956$r $py bench/python_gpt_ddp.py "$data/text_train_000001.bin" 60 \
-      12 12 768 1024 16 1 --device cuda --backend nccl --precision bf16 --vocab 50304 --timed-from 10 >"$m"
-    t1=$(date +%s.%N)
-    $py -c 'import json, sys
-r = json.loads(open(sys.argv[1]).readlines()[-1])
-print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": "python", "tokens_per_s": r["tokens_per_s"],
-                  "params": r["params"], "seconds": float(sys.argv[4]) - float(sys.argv[3])}))' "$m" "$r" "$t0" "$t1" >>"$fig" ||
-      result "figures: python gpt2 round $r" FAIL
+    gpt2_round "$r" "$fig"
     for model in cnn mlp; do
       mpirun --oversubscribe -n 1 "$build/bench/mpiddp_ddp_bench" --model "$model" --device cuda --backend nccl \
         --steps 50 --rounds 6 --warmup 10 --batch 64 | sed "s/^{/{\"round\": $r, \"who\": \"ddp_bench\", /" >>"$fig"

@@ -3,6 +3,9 @@
 # machine's image lacks to build and test mpiddp: Open MPI, HDF5 (+ its tools), Boost.Program_options,
 # GoogleTest, nlohmann-json, Protobuf, with the libraries they load. scripts/gpu.sh unpacks them into a
 # prefix there (nothing outside the GPU machine can be reached from it), with Fashion-MNIST. ~57 MiB.
+# With GPU_LLMC_GIT (a clone of github.com/karpathy/llm.c, or its git directory), also llm.c's
+# train_gpt2.cu, Makefile and llmc/ at that clone's HEAD (0.3 MiB), which gpu.sh's figures stage
+# builds there as a peer; never part of this repository.
 # usage: scripts/gpu_debs.sh [DIR]   (default .gpu-debs, ignored by git; carry it to the GPU machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +28,10 @@ compgen -G "/var/lib/apt/lists/*_Packages" >/dev/null || apt-get update
 fm=/usr/share/datasets/fashion-mnist
 [ -f "$fm/train-images-idx3-ubyte.gz" ] || bash scripts/deps.sh dataset-fashion-mnist
 mkdir -p "$dir/fashion-mnist" && cp "$fm"/*.gz "$dir/fashion-mnist/"
+if [ -n "${GPU_LLMC_GIT:-}" ]; then
+  mkdir -p "$dir/llm.c"
+  git --git-dir="$(git -C "$GPU_LLMC_GIT" rev-parse --absolute-git-dir)" archive HEAD Makefile train_gpt2.cu llmc |
+    tar -x -C "$dir/llm.c"
+  git -C "$GPU_LLMC_GIT" rev-parse --short HEAD >"$dir/llm.c/COMMIT"
+fi
 du -sh "$dir"

@@ -21,7 +21,9 @@
 #include "app/cli.hpp"
 #include "app/option_table.hpp"
 #include "comm/collective_harness.hpp"
+#include "comm/names.hpp"
 #include "common/check.hpp"
+#include "common/text.hpp"
 
 namespace mpiddp::app {
 namespace bench {
@@ -193,14 +195,38 @@ struct BenchFlags {
 };
 
 // Every `mpiddp bench` option, once.
+// The collectives that move data, as the table of collectives names them.
+std::string data_collective_names() {
+  std::vector<std::string> names;
+  for (const auto& t : collectives()) {
+    if (t.has_data()) names.emplace_back(t.name);
+  }
+  return detail::joined(names, "|");
+}
+
+std::string dtype_names_text() {
+  std::vector<std::string> names;
+  for (auto dtype : detail::collective_dtypes()) names.push_back(dtype_name(dtype));
+  return detail::joined(names, "|");
+}
+
+// The reductions and the collectives that take one.
+std::string reduce_op_names_text() {
+  std::vector<std::string> ops, reducing;
+  for (auto op : detail::reduce_ops()) ops.push_back(to_string(op));
+  for (const auto& t : collectives()) {
+    if (t.reduces) reducing.emplace_back(t.name);
+  }
+  return detail::joined(ops, "|") + " (" + detail::joined(reducing, ", ") + ")";
+}
+
 const std::vector<OptionRow<BenchFlags>>& bench_options() {
   using F = BenchFlags;
   static const std::vector<OptionRow<BenchFlags>> rows = {
       option<F>(
           "backend", [](F & f) -> auto& { return f.backend; }, backend_names("|") + " (those built into this binary)"),
       option<F>(
-          "collective", [](F & f) -> auto& { return f.collective; },
-          "allreduce|allgather|reduce_scatter|broadcast|alltoall|all"),
+          "collective", [](F & f) -> auto& { return f.collective; }, data_collective_names() + "|all"),
       option<F>(
           "minbytes,b", [](F & f) -> auto& { return f.minbytes; }, "smallest size S, bytes (K, M, G accepted)"),
       option<F>(
@@ -214,12 +240,12 @@ const std::vector<OptionRow<BenchFlags>>& bench_options() {
       option<F>(
           "check,c", [](F & f) -> auto& { return f.check; }, "1: verify results against the formula and count #wrong"),
       option<F>(
-          "dtype,d", [](F & f) -> auto& { return f.dtype; }, "float32|float64|bfloat16|float16|int32|int64"),
+          "dtype,d", [](F & f) -> auto& { return f.dtype; }, dtype_names_text()),
       option<F>(
           "device", [](F & f) -> auto& { return f.device; },
           "cpu|cuda|auto: where the buffers live (auto: this rank's GPU for nccl, else cpu)"),
       option<F>(
-          "op,o", [](F & f) -> auto& { return f.op; }, "sum|avg|min|max (allreduce, reduce_scatter)"),
+          "op,o", [](F & f) -> auto& { return f.op; }, reduce_op_names_text()),
       option<F>(
           "root,r", [](F & f) -> auto& { return f.root; }, "broadcast root"),
       option<F>(

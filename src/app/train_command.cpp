@@ -1,6 +1,6 @@
-// `mpiddp train`: DDP training of a built-in model, a TorchScript file or a .pt2 program on an HDF5 dataset, a thin
-// client of mpiddp::Trainer. Options come from the command line, then --config FILE, then
-// MPIDDP_* variables (see cli.hpp).
+// `mpiddp train`: DDP training of a built-in model, a TorchScript file or a .pt2 program on a dataset
+// (HDF5 samples or llm.c token shards), a thin client of mpiddp::Trainer. Options come from the
+// command line, then --config FILE, then MPIDDP_* variables (see cli.hpp).
 #include <mpiddp/allocator.hpp>
 #include <mpiddp/backends.hpp>
 #include <mpiddp/error.hpp>
@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +50,24 @@ struct TrainConfig {
 };
 
 using Row = OptionRow<TrainConfig>;
+
+// The optimizers' names, as the library's table lists them.
+std::vector<std::string> optimizer_names() {
+  std::vector<std::string> names;
+  for (const auto& o : optimizers()) names.push_back(o.name);
+  return names;
+}
+
+// --lr auto: each optimizer's own default learning rate.
+std::string auto_lr_text() {
+  std::vector<std::string> each;
+  for (const auto& o : optimizers()) {
+    std::ostringstream lr;
+    lr << o.default_lr;
+    each.push_back(lr.str() + " for " + o.name);
+  }
+  return "learning rate (auto: " + detail::joined(each, ", ") + ")";
+}
 
 // The model, its data and its loss.
 std::vector<Row> model_options() {
@@ -124,13 +143,11 @@ std::vector<Row> step_options() {
           "zero_reshard_after_forward", [](bool on) { return nlohmann::json(!on); }),
       flag_switch<C>(
           "dry-run", [](C & c) -> auto& { return c.dry_run; },
-          "check the options, data and model, print the memory plan per rank and exit without training", "dry_run",
-          [](bool on) { return nlohmann::json(on); }),
+          "check the options, data and model, print the memory plan per rank and exit without training"),
       flag_switch<C>(
           "activation-checkpointing", [](C & c) -> auto& { return c.t.activation_checkpointing; },
           "recompute each block's activations in backward instead of keeping them (gpt: per "
-          "transformer block; about a third more compute, the same results)",
-          "activation_checkpointing", [](bool on) { return nlohmann::json(on); }),
+          "transformer block; about a third more compute, the same results)"),
       option<C>(
           "epochs", [](C & c) -> auto& { return c.t.epochs; },
           "passes over the training set (0: as many as --max-steps takes, else 1)"),
@@ -139,11 +156,10 @@ std::vector<Row> step_options() {
       option<C>(
           "batch-size", [](C & c) -> auto& { return c.t.batch_size; }, "samples per rank per step"),
       option<C>(
-          "lr", [](C & c) -> auto& { return c.lr; }, "learning rate (auto: 0.001 for adam and adamw, 0.01 for sgd)",
-          shown_as("auto")),
+          "lr", [](C & c) -> auto& { return c.lr; }, auto_lr_text(), shown_as("auto")),
       option<C>(
           "optimizer", [](C & c) -> auto& { return c.optimizer; },
-          "adam (the default: good results without tuning) | adamw | sgd"),
+          detail::joined(optimizer_names(), " | ") + " (the default trains well without tuning)"),
       option<C>(
           "momentum", [](C & c) -> auto& { return c.momentum; }, "sgd momentum"),
       option<C>(
@@ -171,8 +187,7 @@ std::vector<Row> step_options() {
           [](bool on) { return nlohmann::json(!on); }),
       flag_switch<C>(
           "drop-last", [](C & c) -> auto& { return c.drop_last; },
-          "drop the tail instead of padding shards to equal length", "drop_last",
-          [](bool on) { return nlohmann::json(on); }),
+          "drop the tail instead of padding shards to equal length"),
   };
 }
 
@@ -188,8 +203,7 @@ std::vector<Row> run_options() {
           "deterministic", [](C & c) -> auto& { return c.deterministic; },
           "cuda: deterministic kernels (cuDNN's deterministic algorithms, PyTorch's deterministic "
           "mode), so that a run repeats bitwise and a resumed run ends where the whole run ends; "
-          "somewhat slower (CPU kernels are deterministic already)",
-          "deterministic", [](bool on) { return nlohmann::json(on); }),
+          "somewhat slower (CPU kernels are deterministic already)"),
       option<C>(
           "threads", [](C & c) -> auto& { return c.threads; },
           "intra-op threads per rank (0: the cores each rank owns)"),
@@ -315,20 +329,25 @@ std::tuple<double, double> betas_of(const std::string& text) {
 
 // The flags that are the CLI's own (not TrainerOptions fields): their rules live here.
 void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
+  const auto* optimizer = find_optimizer(c.optimizer);
+  MPIDDP_CHECK(optimizer,
+               "unknown --optimizer '" + c.optimizer + "' (" + detail::joined(optimizer_names(), ", ") + ")");
   MPIDDP_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be > 0, got " + std::to_string(c.lr));
   MPIDDP_CHECK(c.momentum >= 0 && c.weight_decay >= 0, "--momentum and --weight-decay must be >= 0");
-  const auto* optimizer = find_optimizer(c.optimizer);
-  std::vector<std::string> names;
-  for (const auto& o : optimizers()) names.push_back(o.name);
-  MPIDDP_CHECK(optimizer, "unknown --optimizer '" + c.optimizer + "' (" + detail::joined(names, ", ") + ")");
   check_lr_schedule_name(c.schedule, "--lr-schedule");
   MPIDDP_CHECK(c.step_size > 0 && c.gamma > 0 && c.warmup_steps >= 0, "bad schedule parameters");
   MPIDDP_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "--min-lr must be in [0, --lr], got " + std::to_string(c.min_lr));
   MPIDDP_CHECK(c.decay_params == "all" || c.decay_params == "matrices",
                "unknown --weight-decay-params '" + c.decay_params + "' (all, matrices)");
   const auto& takes = optimizer->cli_parameters;
-  MPIDDP_CHECK(std::find(takes.begin(), takes.end(), "betas") != takes.end() || c.betas == "0.9,0.999",
-               "--betas applies to adam and adamw, not " + c.optimizer);
+  if (std::find(takes.begin(), takes.end(), "betas") == takes.end()) {
+    std::vector<std::string> with_betas;
+    for (const auto& o : optimizers()) {
+      if (std::count(o.cli_parameters.begin(), o.cli_parameters.end(), "betas")) with_betas.push_back(o.name);
+    }
+    MPIDDP_CHECK(c.betas == "0.9,0.999",
+                 "--betas applies to " + detail::joined(with_betas, " and ") + ", not " + c.optimizer);
+  }
   betas_of(c.betas);  // throws on a malformed pair
   if (c.model == "gpt") c.gpt.validate();
   MPIDDP_CHECK(c.init_from.empty() || std::filesystem::is_regular_file(c.init_from) ||
@@ -413,9 +432,8 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
   t.zero.prefetch = !c.zero_no_prefetch;
   t.zero.reshard_after_forward = !c.zero_keep_gathered;
   t.zero.whole_at_end = false;  // nothing reads the model after fit(): at stage 3 it never exists whole
-  if (vm["lr"].defaulted()) {
-    const auto* optimizer = find_optimizer(c.optimizer);
-    c.lr = optimizer ? optimizer->default_lr : 0.001;  // an unknown name fails in check_cli_flags
+  if (const auto* optimizer = find_optimizer(c.optimizer); optimizer && vm["lr"].defaulted()) {
+    c.lr = optimizer->default_lr;  // an unknown name fails in check_cli_flags
   }
   take_hf_gpt2_shape(c, vm);
   check_cli_flags(runtime, c);

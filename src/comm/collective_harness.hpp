@@ -36,6 +36,10 @@ struct CollectiveBuffers {
   torch::Tensor input, output;
 };
 
+/// The element counts of a rank's part the tests check every collective at: one element, a few (odd:
+/// no vector width divides it), more than a page of floats (its check waits on the device).
+inline const std::vector<int64_t> kCheckCounts = {1, 7, 1031};
+
 /// What an output element holds before the collective writes it; no pattern value nor any
 /// reduction of them equals it, so an element left unwritten counts as wrong.
 constexpr double kUnwritten = -7;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "comm/backend_factories.hpp"
+#include "comm/names.hpp"
 #include "comm/work.hpp"
 #include "common/check.hpp"
 #include "common/text.hpp"
@@ -60,6 +61,19 @@ Collective parse_collective(const std::string& name) {
   return parse_name(names, name, "collective");
 }
 c10::ScalarType parse_dtype(const std::string& name) { return parse_name(kDtypeNames, name, "dtype"); }
+
+namespace detail {
+std::vector<ReduceOp> reduce_ops() {
+  std::vector<ReduceOp> ops;
+  for (const auto& named : kOpNames) ops.push_back(named.first);
+  return ops;
+}
+std::vector<c10::ScalarType> collective_dtypes() {
+  std::vector<c10::ScalarType> dtypes;
+  for (const auto& named : kDtypeNames) dtypes.push_back(named.first);
+  return dtypes;
+}
+}  // namespace detail
 std::string dtype_name(c10::ScalarType t) {
   std::string n = name_of(kDtypeNames, t);
   return n == "?" ? std::string(c10::toString(t)) : n;

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <utility>
 
+#include "common/distinct.hpp"
+
 namespace mpiddp {
 
 std::vector<BucketLayout> assign_buckets(const std::vector<int64_t>& numels, const std::vector<c10::ScalarType>& dtypes,
@@ -117,12 +119,10 @@ DistributedDataParallel::DistributedDataParallel(const std::vector<std::pair<std
 
 void DistributedDataParallel::setup(const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
                                     const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
-  std::set<const void*> seen;
-  for (const auto& [name, p] : parameters) {
+  // A tensor under two names (tied weights) is one parameter: reduced once, its gradient the sum of
+  // both uses (autograd accumulates them into the one .grad before its hook runs).
+  for (const auto& [name, p] : detail::distinct(parameters)) {
     if (!p.requires_grad()) continue;  // frozen: never reduced, on every rank alike
-    // A tensor under two names (tied weights) is one parameter: reduced once, its gradient the
-    // sum of both uses (autograd accumulates them into the one .grad before its hook runs).
-    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
     names_.push_back(name);
     params_.push_back(p);
   }

@@ -6,10 +6,10 @@
 
 #include <cmath>
 #include <limits>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "common/distinct.hpp"
 #include "common/text.hpp"
 
 namespace mpiddp {
@@ -214,10 +214,7 @@ GptImpl::GptImpl(const GptConfig& config, ParameterInit init) : config_(config),
   parts_->embeddings = Embeddings(parts_->transformer);
   if (init == ParameterInit::kNow) materialise_units(*this);
   // nanoGPT's get_num_params(non_embedding=True): each tensor once (wte is lm_head), less wpe.
-  std::set<const void*> seen;
-  for (const auto& p : parameters(/*recurse=*/true)) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) non_embedding_params_ += p.numel();
-  }
+  for (const auto& p : detail::distinct(parameters(/*recurse=*/true))) non_embedding_params_ += p.numel();
   non_embedding_params_ -= parts_->transformer->wpe->weight.numel();
 }
 

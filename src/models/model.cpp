@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/distinct.hpp"
 #include "common/text.hpp"
 
 namespace mpiddp {
@@ -251,10 +252,7 @@ std::map<std::string, torch::Tensor> read_state_dict(const std::string& path) {
 
 std::vector<torch::Tensor> parameters(const Model& model) {
   std::vector<torch::Tensor> out;
-  std::set<const void*> seen;
-  for (const auto& p : model.named_parameters()) {
-    if (seen.insert(p.second.unsafeGetTensorImpl()).second) out.push_back(p.second);
-  }
+  for (const auto& p : detail::distinct(model.named_parameters())) out.push_back(p.second);
   return out;
 }
 

@@ -11,9 +11,9 @@
 #include <map>
 #include <numeric>
 #include <optional>
-#include <set>
 #include <sstream>
 
+#include "common/distinct.hpp"
 #include "common/even_share.hpp"
 #include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_policy.hpp"
@@ -236,15 +236,13 @@ MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded, int
   // Sharded (a deferred model): the process as it was before ZeRO made its slices, gradient shards
   // and gathering buffers, which the plan counts by their rules; it held the tensors with memory.
   in.resident = sharded ? resident_before_sharding : resident_bytes();
-  std::set<const void*> seen;
   in.model_resident = 0;  // counted below (a model all deferred holds none: not "unknown")
-  for (const auto& named : {run.model.named_parameters(), run.model.named_buffers()}) {
-    for (const auto& [name, t] : named) {
-      if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
-      in.model_bytes += tensor_bytes(t);
-      if (!is_deferred(t)) in.model_resident += tensor_bytes(t);
-      in.largest_tensor = std::max(in.largest_tensor, tensor_bytes(t));
-    }
+  auto tensors = run.model.named_parameters();
+  for (const auto& b : run.model.named_buffers()) tensors.push_back(b);
+  for (const auto& [name, t] : detail::distinct(tensors)) {
+    in.model_bytes += tensor_bytes(t);
+    if (!is_deferred(t)) in.model_resident += tensor_bytes(t);
+    in.largest_tensor = std::max(in.largest_tensor, tensor_bytes(t));
   }
   for (const auto& p : trainable_parameters(run.model)) in.trainable_bytes += tensor_bytes(p);
   in.world = run.pg.size();

@@ -55,17 +55,9 @@ std::string Trainer::save(const detail::RunPosition& p, const ZeroOptimizer* zer
     std::memcpy(file_bytes.data_ptr(), file.bytes.data(), file.bytes.size());
     parts.push_back(detail::even_share(file.format, file_bytes, rank, size));
   }
-  meta.ints = {{"steps_per_epoch", steps_per_epoch_},
-               {"world_size", size},
-               {"threads", torch::get_num_threads()},
-               {"batch_size", o.batch_size},
-               {"grad_accum", o.grad_accum},
-               {"zero_stage", o.zero_stage},
-               {"sampler_seed", static_cast<int64_t>(o.seed)},
-               {"sampler_epoch", p.epoch},
-               {"sampler_position", p.step_in_epoch * o.samples_per_step()},
-               {"sampler_shuffle", o.shuffle ? 1 : 0},
-               {"sampler_drop_last", o.drop_last ? 1 : 0}};
+  meta.ints = {{"steps_per_epoch", steps_per_epoch_}, {"world_size", size},
+               {"threads", torch::get_num_threads()}, {"batch_size", o.batch_size},
+               {"grad_accum", o.grad_accum},          {"zero_stage", o.zero_stage}};
   meta.reals = {{"created_unix_s", detail::unix_seconds()}};
   detail::position_to_snapshot(p, meta);  // fp16: the scaler continues where it was
   // Beside the codecs' own texts (the GPT's shape): added, not assigned.

@@ -226,12 +226,6 @@ void ShardedUnits::release_all() {
   for (size_t u = 0; u < buckets_of_unit_.size(); ++u) release(u);
 }
 
-size_t ShardedUnits::gathered_units() const {
-  return static_cast<size_t>(std::count_if(buckets_of_unit_.begin(), buckets_of_unit_.end(), [&](const auto& bs) {
-    return std::any_of(bs.begin(), bs.end(), [&](size_t b) { return buckets_[b].live; });
-  }));
-}
-
 torch::Tensor ShardedUnits::run(size_t unit, const UnitForward& forward, const torch::Tensor& input,
                                 const std::vector<size_t>& borrowed) {
   const size_t units = buckets_of_unit_.size();

@@ -45,8 +45,6 @@ class ShardedUnits final : public UnitHooks {
   const torch::Tensor& shard(size_t bucket) const { return buckets_[bucket].shard; }
   /// Frees every gathered unit (waiting for all-gathers in flight): after a step they are stale.
   void release_all();
-  /// Units gathered now (memory: each a full unit).
-  size_t gathered_units() const;
 
   torch::Tensor run(size_t unit, const UnitForward& forward, const torch::Tensor& input,
                     const std::vector<size_t>& borrowed) override;

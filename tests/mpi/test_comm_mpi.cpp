@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/collective_harness.hpp"
+#include "comm/names.hpp"
 #include "mpi_test.hpp"
 
 using mpiddp::Collective;
@@ -84,8 +85,8 @@ std::vector<Case> all_cases() {
       if (!t.has_data()) continue;
       const auto kind = t.kind;
       const bool reduces = t.reduces;
-      for (auto dtype : {c10::kFloat, c10::kDouble, c10::kBFloat16, c10::kHalf, c10::kInt, c10::kLong}) {
-        for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+      for (auto dtype : mpiddp::detail::collective_dtypes()) {
+        for (auto op : mpiddp::detail::reduce_ops()) {
           if (!reduces && op != ReduceOp::kSum) continue;
           for (bool in_place : {false, true}) cases.emplace_back(backend, kind, dtype, op, in_place);
         }
@@ -126,11 +127,12 @@ TEST_P(CollectiveTest, MatchesFormula) {
     MPIDDP_EXPECT_ALL(refused);
     return;
   }
-  for (int64_t count : {1, 7, 1031}) {
+  for (int64_t count : mpiddp::detail::kCheckCounts) {
     int64_t wrong = -1;
     std::string error;
     try {
-      wrong = run_case(pg, kind, dtype, op, in_place, count, dev, /*on_device=*/count == 1031);
+      wrong = run_case(pg, kind, dtype, op, in_place, count, dev,
+                       /*on_device=*/count == mpiddp::detail::kCheckCounts.back());
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -285,12 +287,13 @@ TEST(CheckMode, OffStillComputes) {
 
 TEST(Names, RoundTrip) {
   bool ok = true;
-  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
-    ok = ok && mpiddp::parse_reduce_op(mpiddp::to_string(op)) == op;
-  }
-  for (auto d : {c10::kFloat, c10::kDouble, c10::kBFloat16, c10::kHalf, c10::kInt, c10::kLong}) {
-    ok = ok && mpiddp::parse_dtype(mpiddp::dtype_name(d)) == d;
-  }
+  const std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax};
+  const std::vector<c10::ScalarType> dtypes = {c10::kFloat, c10::kDouble, c10::kBFloat16,
+                                               c10::kHalf,  c10::kInt,    c10::kLong};
+  EXPECT_EQ(mpiddp::detail::reduce_ops(), ops);  // the lists the cases above loop over: every one
+  EXPECT_EQ(mpiddp::detail::collective_dtypes(), dtypes);
+  for (auto op : ops) ok = ok && mpiddp::parse_reduce_op(mpiddp::to_string(op)) == op;
+  for (auto d : dtypes) ok = ok && mpiddp::parse_dtype(mpiddp::dtype_name(d)) == d;
   EXPECT_THROW(mpiddp::parse_reduce_op("prod"), mpiddp::Error);
   EXPECT_THROW(mpiddp::parse_dtype("complex64"), mpiddp::Error);
   MPIDDP_EXPECT_ALL(ok);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/collective_harness.hpp"
+#include "comm/names.hpp"
 
 TEST(Collectives, TableFollowsTheEnumAndNcclTestsFormulas) {
   using mpiddp::Collective;
@@ -139,7 +140,7 @@ TEST(CollectiveHarness, BuffersAliasInPlaceOnly) {
 
 TEST(CollectiveHarness, ToleranceOnlyForAverages) {
   for (const auto& t : mpiddp::collectives()) {
-    for (auto dtype : {c10::kFloat, c10::kDouble, c10::kBFloat16, c10::kHalf, c10::kInt, c10::kLong}) {
+    for (auto dtype : mpiddp::detail::collective_dtypes()) {
       for (auto op : {mpiddp::ReduceOp::kSum, mpiddp::ReduceOp::kMin, mpiddp::ReduceOp::kMax}) {
         EXPECT_EQ(mpiddp::detail::tolerance(t.kind, dtype, op), 0.0) << t.name;
       }
