@@ -328,24 +328,37 @@ PY
 }
 
 # llm.c's train_gpt2cu built from the source gpu_debs.sh carried ($debs/llm.c, fetched from GitHub on
-# the machine that made it, never part of this repository): one GPU, no MPI or NCCL, no cuDNN (its
+# the machine that made it, never part of this repository; with CUDA 13's nvcc it compiles on a CPU
+# machine, and links where a driver's NVML is): one GPU, no MPI or NCCL, no cuDNN (its
 # cuDNN attention needs the cudnn-frontend headers, which are not on the machine). Sets llmc to the
 # binary, or to nothing where it is not carried or does not build (said in the summary).
 llmc_build() {
-  local src=$debs/llm.c dst=$work/llm.c cc
+  local src=$debs/llm.c dst=$work/llm.c cc nvcc nvml
   llmc=
   if [ "${GPU_LLMC:-1}" = 0 ] || [ ! -f "$src/train_gpt2.cu" ]; then
     echo "SKIP figures: llm.c : not carried ($src; scripts/gpu_debs.sh with GPU_LLMC_GIT)" | tee -a "$summary"
     return 0
   fi
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   rm -rf "$dst" && cp -r "$src" "$dst"
-  if make -C "$dst" train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 GPU_COMPUTE_CAPABILITY="${cc:-90}" \
-    NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >"$logs/llmc-build.log" 2>&1; then
+  # CUDA 13's cudaMemAdvise takes a cudaMemLocation where llm.c (written for CUDA 12) passes a device
+  # id, in its out-of-memory fallback only: that one argument is adapted, nothing else.
+  if [ "$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')" -ge 13 ] 2>/dev/null; then
+    sed -i 's/cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId)/cudaMemAdviseSetPreferredLocation, cudaMemLocation{cudaMemLocationTypeHost, 0})/' \
+      "$dst/llmc/cuda_utils.cuh"
+  fi
+  # It links the driver's NVML (-lnvidia-ml), which a driver installs as libnvidia-ml.so.1 only.
+  nvml=$( (ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 /{print $NF; exit}'; ls /usr/local/nvidia/lib64/libnvidia-ml.so.1 \
+    /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 2>/dev/null) | head -n 1)
+  mkdir -p "$dst/lib"
+  [ -z "$nvml" ] || ln -sf "$nvml" "$dst/lib/libnvidia-ml.so"
+  if make -C "$dst" train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0 GPU_COMPUTE_CAPABILITY="${cc:-90}" \
+    NVCC="$nvcc" NVCC_LDLIBS="-L$dst/lib" >"$logs/llmc-build.log" 2>&1; then
     result "figures: llm.c $(cat "$src/COMMIT" 2>/dev/null) built (sm_${cc:-90}, no cuDNN)" PASS
     llmc=$dst/train_gpt2cu
   else
-    result "figures: llm.c built" FAIL "$(tail -n 1 "$logs/llmc-build.log")"
+    result "figures: llm.c built" FAIL "$(grep -m 1 -i 'error' "$logs/llmc-build.log")"
   fi
 }
 
