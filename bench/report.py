@@ -206,16 +206,24 @@ def gpu_samples(rows, model):
                  for who in ("mpiddp", "python"))
 
 
-# The GPT-2 run's contenders, in the tables' order (scripts/gpu.sh's `who`; rounds before the peers
-# were named call nanoGPT's eager run "python").
-GPT2_PEERS = ["nanogpt-compiled", "nanogpt-eager", "llm.c"]
+# The GPT-2 run's contenders (scripts/gpu.sh's `who`), in the tables' order: a short name and what it
+# runs. Rounds before the peers were named call nanoGPT's eager run "python", and ran micro-batch 16
+# without recording it.
+GPT2_CONTENDERS = {
+    "mpiddp": ("mpiddp", "mpiddp (nccl)"),
+    "nanogpt-compiled": ("nanoGPT compiled", "nanoGPT's model, `torch.compile`, Python DDP"),
+    "nanogpt-eager": ("nanoGPT eager", "nanoGPT's model, eager, Python DDP"),
+    "llm.c": ("llm.c", "llm.c's `train_gpt2cu`"),
+}
+GPT2_PEERS = [who for who in GPT2_CONTENDERS if who != "mpiddp"]
 GPT2_LEGACY = {"python": "nanogpt-eager"}
+GPT2_LEGACY_BATCH = 16
 
 
-def gpu_gpt2(rows, gpu=None):
+def gpu_gpt2(rows):
     """GPT-2 small: per contender (mpiddp and each peer in the records) its tokens/s and whole-run
     seconds (lists), MFU in % (above; None where mpiddp's rows carry none) and micro-batch; per peer
-    mpiddp's per-round ratios to it; N; the first peer (the one a user picks: nanoGPT compiled where
+    mpiddp's per-round ratios to it; the first peer (the one a user picks: nanoGPT compiled where
     measured). None without mpiddp and a peer."""
     g = {}
     for r in rows:
@@ -230,12 +238,10 @@ def gpu_gpt2(rows, gpu=None):
         per_token = 100 * st.median(r["mfu"] for r in g["mpiddp"]) / st.median(tokens["mpiddp"])
     sides = {who: {"tokens": tokens[who], "seconds": [r["seconds"] for r in g[who]],
                    "mfu": st.median(tokens[who]) * per_token if per_token else None,
-                   "batch": g[who][0].get("batch", 16)} for who in ["mpiddp"] + peers}
+                   "batch": g[who][0].get("batch", GPT2_LEGACY_BATCH)} for who in ["mpiddp"] + peers}
     ratios_to = {p: sorted(m["tokens_per_s"] / q["tokens_per_s"]
                            for m in g["mpiddp"] for q in g[p] if m["round"] == q["round"]) for p in peers}
-    params = next((r["params"] for p in peers for r in g[p] if "params" in r), None)
-    return {"sides": sides, "ratios_to": ratios_to, "ratios": ratios_to[peers[0]], "peer": peers[0],
-            "params": params}
+    return {"sides": sides, "ratios_to": ratios_to, "peer": peers[0]}
 
 
 def gpu_ddp(rows, model):
@@ -263,7 +269,7 @@ def gpu_report(rows, gpu):
                      f"{st.median(p.values()):.0f} ({min(p.values()):.0f}-{max(p.values()):.0f}) | "
                      f"{st.median(rat):.2f}x ({', '.join(f'{x:.2f}' for x in rat)}) |")
     lines.append("")
-    g = gpu_gpt2(rows, gpu)
+    g = gpu_gpt2(rows)
     if g:
         lines += ["| GPT-2 small, bf16, micro-batch x 1024 tokens | tokens/s (median, range) | MFU "
                   "| whole run, s (median) | mpiddp / it (rounds) |",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ZeRO's memory and speed in the run a user makes: the built-in GPT of LAYERS (6) layers x 6 heads x
-# 384 (block BLOCK (256), vocabulary 256: 10.84 M parameters at 6 layers), AdamW, micro-batch BATCH (4), RANKS (2)
-# x 1 thread, default options (the bucket cap by the reduction's rule; MPIDDP_ZERO_BUCKET_MB sets
-# one), a snapshot every 3 steps (MPIDDP_ZERO_SNAPSHOTS=0: none), rounds interleaved. Contenders:
+# 384 (block BLOCK (256), vocabulary 256: 10.84 M parameters at 6 layers and block 256), AdamW,
+# micro-batch BATCH (4), RANKS (2) x 1 thread, default options (the bucket cap by the reduction's
+# rule; MPIDDP_ZERO_BUCKET_MB sets one), a snapshot every 3 steps (MPIDDP_ZERO_SNAPSHOTS=0: none),
+# rounds interleaved. Contenders:
 # --zero-stage 0, 1, 2, 3; stage 3 without prefetch (--zero-no-prefetch); stage 3 with activation
 # checkpointing (its memory at long contexts: bench/checkpoint_bench.sh).
 # Per contender: each rank's peak RSS (GNU time) in the long run and its share of the ideal saving

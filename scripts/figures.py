@@ -496,16 +496,12 @@ def gpu_name():
 GPU_MODELS = {"cnn": "CNN", "mlp_wide": "the wide MLP (`mlp_wide`)", "resnet18": "ResNet-18 (TorchScript for mpiddp)"}
 
 
-GPT2_LABELS = {"mpiddp": "mpiddp (nccl)", "nanogpt-compiled": "nanoGPT's model, `torch.compile`, Python DDP",
-               "nanogpt-eager": "nanoGPT's model, eager, Python DDP", "llm.c": "llm.c's `train_gpt2cu`"}
-
-
 def gpt2_table(g):
     """GPT-2 small's contenders: tokens/s, MFU, the whole run's seconds, mpiddp over each."""
     out = []
     for who, side in g["sides"].items():
         rat = g["ratios_to"].get(who)
-        out.append([GPT2_LABELS.get(who, who), str(side["batch"]), med_range(dict(enumerate(side["tokens"]))),
+        out.append([report.GPT2_CONTENDERS[who][1], str(side["batch"]), med_range(dict(enumerate(side["tokens"]))),
                     report.mfu_text(side["mfu"]), f"{st.median(side['seconds']):.1f}",
                     ratio_rounds(rat, bold=who == g["peer"]) if rat else ""])
     head = ["GPT-2 small, bf16, one rank", "micro-batch", "tokens/s", "MFU", "whole run, s (start-up included)",
@@ -523,7 +519,7 @@ def gpu_figures():
         if m and p:
             out.append([f"{label}, samples/s", med_range(m), med_range(p), ratio_rounds(report.ratios(m, p))])
     head = [f"{gpu}, one rank", "mpiddp (nccl)", "Python DDP (nccl, eager)", "mpiddp / Python (rounds)"]
-    g = report.gpu_gpt2(rows, gpu)
+    g = report.gpu_gpt2(rows)
     return "\n".join(table(head, out) + ([""] + gpt2_table(g) if g else [])), files("gpu")[:2]
 
 
@@ -607,14 +603,13 @@ def gpu_row():
     rows, gpu = gpu_rows(), gpu_name()
     samples = ", ".join(f"{label} {times(st.median(report.ratios(*report.gpu_samples(rows, model))))}"
                         for model, label in (("cnn", "CNN"), ("mlp_wide", "MLP"), ("resnet18", "ResNet-18")))
-    g = report.gpu_gpt2(rows, gpu)
+    g = report.gpu_gpt2(rows)
     ddp = [report.gpu_ddp(rows, m) for m in ("cnn", "mlp")]
     rounds = len(report.gpu_samples(rows, "cnn")[0])
     over = " / ".join(f"{st.median(d['over']):+.1f}%" for d in ddp)
     steps = " / ".join(f"{d['step_ms']:.2f}" for d in ddp)
     where = f"{gpu.replace('NVIDIA ', '')}, 1 rank, {rounds} round{'s' if rounds > 1 else ''}"
-    peers = {"nanogpt-compiled": "nanoGPT compiled", "nanogpt-eager": "nanoGPT eager", "llm.c": "llm.c"}
-    gpt2 = ", ".join(f"{times(st.median(r))} {peers[p]}'s" for p, r in g["ratios_to"].items())
+    gpt2 = ", ".join(f"{times(st.median(r))} {report.GPT2_CONTENDERS[p][0]}'s" for p, r in g["ratios_to"].items() if r)
     mfu = g["sides"]["mpiddp"]["mfu"]
     mfu = f", MFU {mfu:.1f}%" if mfu else ""
     return (f"GPU: training vs Python DDP ({where})",

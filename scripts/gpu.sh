@@ -36,7 +36,9 @@
 # Where one command may run 10 minutes at most, two calls do it all, each on a fresh machine:
 #   bash scripts/gpu.sh OUT deps,build,tests     and     bash scripts/gpu.sh OUT deps,build,cli,train,figures
 # With less device time (15 minutes, starts included), one call does every GPU check and a round of
-# figures: GPU_SUITE=gpu GPU_ROUNDS=1 bash scripts/gpu.sh OUT
+# figures: GPU_SUITE=gpu GPU_ROUNDS=1 bash scripts/gpu.sh OUT (timed before the figures gained nanoGPT
+# compiled and llm.c: a compile of GPT-2 and an llm.c build more, not yet timed there; GPU_LLMC=0
+# leaves llm.c out)
 # (GPU_CTEST_JOBS, default nproc/2, sets the suite's parallelism; GPU_SUITE=none runs the gpu entries
 # alone; GPU_ROUNDS the figures' rounds).
 # A CPU rehearsal, on a machine without a GPU, against the same torch wheel (scripts/build_pip.sh's venv):
@@ -335,7 +337,11 @@ PY
 llmc_build() {
   local src=$debs/llm.c dst=$work/llm.c cc nvcc nvml
   llmc=
-  if [ "${GPU_LLMC:-1}" = 0 ] || [ ! -f "$src/train_gpt2.cu" ]; then
+  if [ "${GPU_LLMC:-1}" = 0 ]; then
+    echo "SKIP figures: llm.c : GPU_LLMC=0" | tee -a "$summary"
+    return 0
+  fi
+  if [ ! -f "$src/train_gpt2.cu" ]; then
     echo "SKIP figures: llm.c : not carried ($src; scripts/gpu_debs.sh with GPU_LLMC_GIT)" | tee -a "$summary"
     return 0
   fi
@@ -349,7 +355,7 @@ llmc_build() {
       "$dst/llmc/cuda_utils.cuh"
   fi
   # It links the driver's NVML (-lnvidia-ml), which a driver installs as libnvidia-ml.so.1 only.
-  nvml=$( (ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 /{print $NF; exit}'; ls /usr/local/nvidia/lib64/libnvidia-ml.so.1 \
+  nvml=$( (ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 / && /x86-64/ {print $NF; exit}'; ls /usr/local/nvidia/lib64/libnvidia-ml.so.1 \
     /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 2>/dev/null) | head -n 1)
   mkdir -p "$dst/lib"
   [ -z "$nvml" ] || ln -sf "$nvml" "$dst/lib/libnvidia-ml.so"
@@ -366,8 +372,8 @@ llmc_build() {
 # tokens/s of the steps after the first 10 and the whole run's seconds, start-up included, as the user
 # waits for it. mpiddp: its log lines' windows 11-20 .. 51-60. nanoGPT's GPT under Python DDP, eager
 # and compiled (torch.compile, nanoGPT's default; its compilation falls in the first 10 steps): its
-# clock from step 10, synchronised. llm.c (where built): the median of its per-step times after step
-# 10. MFU: this script owns no FLOP formula or peak. mpiddp's row carries the mfu (and flops_per_s) of
+# clock from step 10, synchronised. llm.c (where built): its steps after step 10 over the sum of their
+# times (each step timed by CUDA events). MFU: this script owns no FLOP formula or peak. mpiddp's row carries the mfu (and flops_per_s) of
 # mpiddp's own record, over the same windows, where mpiddp knows the device's peak; for one model on
 # one device MFU is proportional to tokens/s (bench/report.py derives the others'). Rows: ROUND, WHO,
 # the micro-batch.
@@ -402,15 +408,15 @@ print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": sys.argv[5]
   [ -n "$llmc" ] || return 0
   m=$logs/fig.llmc.gpt2.$r.txt
   t0=$(date +%s.%N)
-  # Random init (-e d12); validation once at the start over one batch of the training shard (llm.c's
-  # loader needs a shard of a step's tokens); no sampling, HellaSwag or checkpoints.
+  # Random init (-e d12); validation at the first and the last step, over one batch of the training
+  # shard (llm.c's loader needs a shard of a step's tokens); no sampling, HellaSwag or checkpoints.
   (cd "$work/llm.c" && "$llmc" -i "$data/text_train_000001.bin" -j "$data/text_train_000001.bin" -e d12 \
     -b "$gpt_batch" -t 1024 -d $((gpt_batch * 1024)) -x 60 -v 100000 -m 1 -s 0 -h 0 -n 0) >"$m" 2>&1
   t1=$(date +%s.%N)
-  $py -c 'import json, re, statistics, sys
+  $py -c 'import json, re, sys
 ms = [float(t) for s, t in re.findall(r"^step\s+(\d+)/\d+ \|.*\| ([0-9.]+) ms \|", open(sys.argv[1]).read(), re.M) if int(s) > 10]
 print(json.dumps({"round": int(sys.argv[2]), "model": "gpt2", "who": "llm.c", "batch": int(sys.argv[5]),
-                  "tokens_per_s": int(sys.argv[5]) * 1024 * 1000 / statistics.median(ms),
+                  "tokens_per_s": int(sys.argv[5]) * 1024 * 1000 * len(ms) / sum(ms),
                   "seconds": float(sys.argv[4]) - float(sys.argv[3])}))' "$m" "$r" "$t0" "$t1" "$gpt_batch" >>"$fig" ||
     result "figures: llm.c gpt2 round $r" FAIL "$(tail -n 1 "$m")"
 }
