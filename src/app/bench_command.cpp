@@ -194,16 +194,22 @@ struct BenchFlags {
   int warmup = 5, iters = 20, check = 1, root = 0;
 };
 
-// Every `mpiddp bench` option, once.
-// The collectives that move data, as the table of collectives names them.
+// The collectives bench measures: those that move data, in the table's order.
+std::vector<Collective> data_collectives() {
+  std::vector<Collective> kinds;
+  for (const auto& t : collectives()) {
+    if (t.has_data()) kinds.push_back(t.kind);
+  }
+  return kinds;
+}
+
 std::string data_collective_names() {
   std::vector<std::string> names;
-  for (const auto& t : collectives()) {
-    if (t.has_data()) names.emplace_back(t.name);
-  }
+  for (auto c : data_collectives()) names.push_back(to_string(c));
   return detail::joined(names, "|");
 }
 
+// The element types the groups take, as --dtype spells them.
 std::string dtype_names_text() {
   std::vector<std::string> names;
   for (auto dtype : detail::collective_dtypes()) names.push_back(dtype_name(dtype));
@@ -220,6 +226,7 @@ std::string reduce_op_names_text() {
   return detail::joined(ops, "|") + " (" + detail::joined(reducing, ", ") + ")";
 }
 
+// Every `mpiddp bench` option, once.
 const std::vector<OptionRow<BenchFlags>>& bench_options() {
   using F = BenchFlags;
   static const std::vector<OptionRow<BenchFlags>> rows = {
@@ -263,9 +270,7 @@ BenchConfig config_of(const BenchFlags& f, const Runtime& runtime) {
   BenchConfig cfg;
   cfg.backend = f.backend;
   if (f.collective == "all") {
-    for (const auto& t : collectives()) {
-      if (t.has_data()) cfg.collectives.push_back(t.kind);
-    }
+    cfg.collectives = data_collectives();
   } else {
     cfg.collectives = {parse_collective(f.collective)};
     MPIDDP_CHECK(traits(cfg.collectives[0]).has_data(), "bench measures data collectives, not barrier");

@@ -58,6 +58,15 @@ std::vector<std::string> optimizer_names() {
   return names;
 }
 
+// The optimizers that read `mpiddp train`'s flag `parameter` (OptimizerSpec::cli_parameters).
+std::vector<std::string> optimizers_taking(const std::string& parameter) {
+  std::vector<std::string> names;
+  for (const auto& o : optimizers()) {
+    if (std::count(o.cli_parameters.begin(), o.cli_parameters.end(), parameter)) names.push_back(o.name);
+  }
+  return names;
+}
+
 // --lr auto: each optimizer's own default learning rate.
 std::string auto_lr_text() {
   std::vector<std::string> each;
@@ -168,7 +177,7 @@ std::vector<Row> step_options() {
           "weight-decay-params", [](C & c) -> auto& { return c.decay_params; },
           "all | matrices (nanoGPT's groups: only tensors of 2+ dimensions decay)"),
       option<C>(
-          "betas", [](C & c) -> auto& { return c.betas; }, "adam/adamw: B1,B2"),
+          "betas", [](C & c) -> auto& { return c.betas; }, detail::joined(optimizers_taking("betas"), "/") + ": B1,B2"),
       option<C>(
           "min-lr", [](C & c) -> auto& { return c.min_lr; }, "cosine schedule: the rate it decays to", shown_as("0")),
       option<C>(
@@ -257,8 +266,8 @@ std::vector<Row> run_options() {
   };
 }
 
-// Snapshots, faults, progress lines and precision.
-std::vector<Row> snapshot_options() {
+// How the run is kept and controlled: snapshots, faults, progress lines, precision, clipping.
+std::vector<Row> run_control_options() {
   using C = TrainConfig;
   return {
       option<C>(
@@ -303,7 +312,8 @@ std::vector<Row> snapshot_options() {
 const std::vector<Row>& train_options() {
   static const std::vector<Row> rows = [] {
     std::vector<Row> r = model_options();
-    for (auto part : {step_options(), run_options(), snapshot_options()}) r.insert(r.end(), part.begin(), part.end());
+    for (auto part : {step_options(), run_options(), run_control_options()})
+      r.insert(r.end(), part.begin(), part.end());
     r.front().record = nullptr;  // --config names where options came from, not an option of the run
     return r;
   }();
@@ -340,14 +350,8 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.decay_params == "all" || c.decay_params == "matrices",
                "unknown --weight-decay-params '" + c.decay_params + "' (all, matrices)");
   const auto& takes = optimizer->cli_parameters;
-  if (std::find(takes.begin(), takes.end(), "betas") == takes.end()) {
-    std::vector<std::string> with_betas;
-    for (const auto& o : optimizers()) {
-      if (std::count(o.cli_parameters.begin(), o.cli_parameters.end(), "betas")) with_betas.push_back(o.name);
-    }
-    MPIDDP_CHECK(c.betas == "0.9,0.999",
-                 "--betas applies to " + detail::joined(with_betas, " and ") + ", not " + c.optimizer);
-  }
+  MPIDDP_CHECK(std::find(takes.begin(), takes.end(), "betas") != takes.end() || c.betas == "0.9,0.999",
+               "--betas applies to " + detail::joined(optimizers_taking("betas"), " and ") + ", not " + c.optimizer);
   betas_of(c.betas);  // throws on a malformed pair
   if (c.model == "gpt") c.gpt.validate();
   MPIDDP_CHECK(c.init_from.empty() || std::filesystem::is_regular_file(c.init_from) ||

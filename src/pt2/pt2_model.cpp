@@ -9,8 +9,8 @@
 #include <ATen/Context.h>
 
 #include <mutex>
-#include <set>
 
+#include "common/distinct.hpp"
 #include "common/text.hpp"
 #include "pt2/pt2_archive.hpp"
 #include "pt2/pt2_program.hpp"
@@ -88,16 +88,10 @@ class Pt2Model final : public Model {
     }
   }
   void to(c10::Device device) override {
-    std::set<const void*> moved;
-    auto move = [&](const NamedTensors& named) {
-      for (const auto& [name, t] : named) {
-        if (moved.insert(t.unsafeGetTensorImpl()).second) t.set_data(t.data().to(device));
-      }
-    };
-    move(parameters_);
-    move(buffers_);
-    move(constants_);
-    move(eval_constants_);
+    NamedTensors all = parameters_;  // a tensor under several names (tied, or also a constant) moves once
+    for (const auto* named : {&buffers_, &constants_, &eval_constants_})
+      all.insert(all.end(), named->begin(), named->end());
+    for (const auto& [name, t] : detail::distinct(all)) t.set_data(t.data().to(device));
     device_ = device;
   }
   std::string description() const override { return "pt2 program (" + std::to_string(nodes_) + " nodes)"; }
