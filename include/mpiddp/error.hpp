@@ -36,6 +36,25 @@ class AgreedError : public Error {
   using Error::Error;
 };
 
+/// Thrown when a collective does not complete within its group's timeout (process_group.hpp). After it the group
+/// is unusable (a collective may still be posted) and the job should abort.
+class CollectiveTimeout : public Error {
+ public:
+  using Error::Error;
+  /// Whether this rank is the one that reports the timeout (the lowest rank known to wait in the
+  /// collective): the others end quietly so that the job's log holds one error line.
+  bool reporter() const noexcept { return reporter_; }
+  void set_reporter(bool r) noexcept { reporter_ = r; }
+
+ private:
+  bool reporter_ = true;
+};
+/// Thrown on every rank when ranks issued different collectives at the same sequence number.
+class CollectiveMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
 /// The world rank recorded by Runtime (or -1); used to stamp errors and log lines.
 int current_rank() noexcept;
 /// Set by Runtime once MPI has told it the rank.

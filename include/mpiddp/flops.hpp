@@ -1,26 +1,16 @@
-// Model FLOPs and device peaks, for a training run's FLOP/s and MFU (model FLOPs utilization: the
-// model's FLOPs trained per second over the job's dense peak, as PaLM and nanoGPT define it).
-// Model FLOPs are the model's own arithmetic, one forward and one backward per sample: recompute
-// (activation checkpointing) and padding do not count, so MFU compares runs of one model fairly.
+// Device peaks, for a training run's MFU (model FLOPs utilization: the model's FLOPs trained per
+// second over the job's dense peak, as PaLM and nanoGPT define it). Model FLOPs are the model's own
+// arithmetic (Model::training_flops_per_sample, FlopCounted in model.hpp), one forward and one
+// backward per sample: recompute (activation checkpointing) and padding do not count, so MFU
+// compares runs of one model fairly.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
-#include <cstdint>
 #include <optional>
 #include <string>
 
 namespace mpiddp {
-
-/// A C++ module that knows its training FLOPs (the built-in GPT). Model::training_flops_per_sample
-/// asks it through wrap_module.
-class FlopCounted {
- public:
-  virtual ~FlopCounted() = default;
-  /// Model FLOPs of one sample's forward and backward, for a sample of `sample_tokens` tokens
-  /// (token data's block size; 0 for data without tokens).
-  virtual double training_flops_per_sample(int64_t sample_tokens) const = 0;
-};
 
 /// The dense (never 2:4-sparse) peak FLOP/s of one device, by its CUDA name as
 /// cudaGetDeviceProperties reports it ("NVIDIA H100 80GB HBM3"), at `precision`: kBFloat16 and

@@ -13,7 +13,7 @@
 #pragma once
 
 #include <mpiddp/checkpoint.hpp>
-#include <mpiddp/flops.hpp>
+#include <mpiddp/model.hpp>
 #include <mpiddp/units.hpp>
 
 #include <torch/torch.h>

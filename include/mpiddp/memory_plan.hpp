@@ -18,6 +18,8 @@
 //                    rank 0 writes for all; a 16 MiB verification piece where every rank writes)
 #pragma once
 
+#include <mpiddp/memory.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,15 +41,5 @@ struct MemoryPlan {
   /// (rank 1; the least 801, rank 0) after 3 steps, 1.02 x the plan's 812 MiB".
   std::string against(const std::vector<int64_t>& rank_peaks, int64_t steps) const;
 };
-
-/// This process's resident memory now and its high-water mark (Linux: /proc/self/status VmRSS,
-/// VmHWM; 0 where unknown).
-int64_t resident_bytes();
-int64_t peak_resident_bytes();
-/// Sets the high-water mark back to the resident size now (Linux: /proc/self/clear_refs 5; also
-/// what getrusage's ru_maxrss reports from then on); false where it cannot.
-bool reset_peak_resident_bytes();
-/// Bytes malloc has handed out and not yet had back (glibc's mallinfo2; 0 where unknown).
-int64_t heap_bytes_in_use();
 
 }  // namespace mpiddp

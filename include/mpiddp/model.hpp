@@ -16,6 +16,16 @@ namespace mpiddp {
 
 class UnitHooks;
 
+/// A C++ module that knows its training FLOPs (the built-in GPT). Model::training_flops_per_sample
+/// asks it through wrap_module.
+class FlopCounted {
+ public:
+  virtual ~FlopCounted() = default;
+  /// Model FLOPs of one sample's forward and backward, for a sample of `sample_tokens` tokens
+  /// (token data's block size; 0 for data without tokens).
+  virtual double training_flops_per_sample(int64_t sample_tokens) const = 0;
+};
+
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 /// The file a model from Python was loaded from: its format ("torchscript" | "pt2"; "" for a C++
@@ -57,9 +67,9 @@ class Model {
   /// module that implements mpiddp::Checkpointable can (the built-in GPT); anything else throws
   /// mpiddp::Error (one line): it cannot be split into blocks.
   virtual void set_activation_checkpointing(bool on);
-  /// Model FLOPs of one sample's forward and backward (flops.hpp), a sample being `sample_tokens`
-  /// tokens (token data's block size; 0 otherwise); 0: unknown. A C++ module that implements
-  /// mpiddp::FlopCounted knows its own (the built-in GPT); anything else: 0.
+  /// Model FLOPs of one sample's forward and backward, a sample being `sample_tokens` tokens (token
+  /// data's block size; 0 otherwise); 0: unknown. A C++ module that implements mpiddp::FlopCounted
+  /// knows its own (the built-in GPT); anything else: 0.
   virtual double training_flops_per_sample(int64_t /*sample_tokens*/) const { return 0; }
   /// ZeRO stage 3's units (units.hpp): each unit's parameters, in the order forward runs the units;
   /// empty for a model without units (a TorchScript module, a C++ module that is no UnitModule).

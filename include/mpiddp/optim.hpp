@@ -79,6 +79,9 @@ struct OptimizerSpec {
   std::vector<std::string> cli_parameters;  ///< `mpiddp train` flags it reads besides --lr
   std::vector<std::string> state_fields;    ///< the per-parameter tensors its state may hold
   bool counts_steps = false;                ///< a step count per parameter (Adam's bias correction)
+  /// The state tensors per parameter element `opt` keeps at its settings (its first group's): Adam's
+  /// and AdamW's 2 (AMSGrad 3), SGD's 1 with momentum, else 0. The memory plan counts by it.
+  std::function<int(const torch::optim::Optimizer& opt)> state_tensors;
   /// Whether `opt` is one (mpiddp's fused forms included).
   std::function<bool(const torch::optim::Optimizer& opt)> is;
   std::function<ParamStateFields(const torch::optim::OptimizerParamState&)> fields_of;

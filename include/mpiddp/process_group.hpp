@@ -9,6 +9,7 @@
 #pragma once
 
 #include <mpiddp/collective.hpp>
+#include <mpiddp/comm_options.hpp>
 #include <mpiddp/error.hpp>
 #include <mpiddp/runtime.hpp>
 
@@ -37,25 +38,6 @@ std::string dtype_name(c10::ScalarType t);
 /// The dtypes collectives accept: float32, float64, bfloat16, float16, int32, int64.
 bool is_supported_dtype(c10::ScalarType t);
 
-/// Thrown when a collective does not complete within the group's timeout. After it the group
-/// is unusable (a collective may still be posted) and the job should abort.
-class CollectiveTimeout : public Error {
- public:
-  using Error::Error;
-  /// Whether this rank is the one that reports the timeout (the lowest rank known to wait in the
-  /// collective): the others end quietly so that the job's log holds one error line.
-  bool reporter() const noexcept { return reporter_; }
-  void set_reporter(bool r) noexcept { reporter_ = r; }
-
- private:
-  bool reporter_ = true;
-};
-/// Thrown on every rank when ranks issued different collectives at the same sequence number.
-class CollectiveMismatch : public Error {
- public:
-  using Error::Error;
-};
-
 /// Handle to an asynchronous collective. Outputs are valid once test() returned true or wait()
 /// returned. Dropping an incomplete handle waits for it (a collective cannot be cancelled).
 class Work {
@@ -77,27 +59,6 @@ class Work {
   bool is_completed() { return test(); }
 };
 using WorkHandle = std::unique_ptr<Work>;
-
-struct CommOptions {
-  /// Longest a collective may take before CollectiveTimeout. Environment: MPIDDP_COMM_TIMEOUT (s).
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  /// Descriptor exchange before each collective (see above). Environment: MPIDDP_CHECK_COLLECTIVES=1.
-  bool check_collectives = false;
-  /// A wait in one collective longer than this logs, on every waiting rank, which ranks are
-  /// behind and where (again every such period); zero: no warnings. The timeout error names the
-  /// stalled ranks either way. Environment: MPIDDP_STALL_WARNING (s, 0 = no warnings).
-  std::chrono::milliseconds stall_warning{std::chrono::seconds(60)};
-  /// The stall monitor itself (warnings and the naming at the timeout); MPIDDP_STALL_WARNING=off
-  /// turns it off: no notices are ever sent, and a timeout says only that it happened.
-  bool stall_monitor = true;
-  /// mpi backend: copy every tensor through host memory around the collective, as it does for
-  /// CUDA tensors when the MPI library is not CUDA-aware; for an MPI whose CUDA support
-  /// misbehaves, and for tests of the staged path on CPU tensors. Other backends ignore it.
-  bool stage_through_host = false;
-
-  /// Defaults overridden by the environment variables named above.
-  static CommOptions from_environment();
-};
 
 /// One communicator of all ranks of a Runtime over one backend. Tensors must be contiguous, of a
 /// supported dtype, and on a device the backend takes (mpi: cpu or cuda; gloo: cpu; nccl: cuda).

@@ -307,7 +307,7 @@ std::vector<Row> run_control_options() {
 }
 
 // Every `mpiddp train` option, once: flag, value and default, help, the TrainerOptions fields whose
-// rules name it (the library owns the rules: validate(); the CLI only names them), and its key in
+// rules name it (the library owns the rules: check_trainer_options(); the CLI only names them), and its key in
 // the run's record (the snapshot's "config").
 const std::vector<Row>& train_options() {
   static const std::vector<Row> rows = [] {
@@ -463,7 +463,7 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
   t.model_loss = c.loss == "model";
   const int threads = c.threads > 0 ? c.threads : fair_share_of_cores(runtime.local_size());
   t.run_config = config_json(c, threads, runtime.size());
-  t.validate(flag_of, runtime.rank());
+  check_trainer_options(t, flag_of, runtime.rank());
   return threads;
 }
 

@@ -4,8 +4,10 @@
 // measured before).
 #pragma once
 
+#include <mpiddp/model.hpp>
+#include <mpiddp/runtime.hpp>
 #include <mpiddp/tensorboard.hpp>
-#include <mpiddp/trainer.hpp>
+#include <mpiddp/trainer_options.hpp>
 
 #include <chrono>
 #include <fstream>
@@ -41,8 +43,8 @@ struct Rates {
 /// What a samples/s becomes tokens/s, FLOP/s and MFU with (0 where unknown).
 struct Throughput {
   int64_t tokens_per_sample = 0;  ///< Task::tokens_per_sample(): token data's block size
-  double flops_per_sample = 0;    ///< model FLOPs of one sample's forward and backward (flops.hpp)
-  double peak_flops_per_s = 0;    ///< the job's dense peak: every rank's device together
+  double flops_per_sample = 0;  ///< model FLOPs of one sample's forward and backward (Model::training_flops_per_sample)
+  double peak_flops_per_s = 0;  ///< the job's dense peak: every rank's device together
 
   Rates at(double samples_per_s) const {
     const double flops_per_s = samples_per_s * flops_per_sample;

@@ -1,6 +1,5 @@
 #include <mpiddp/checkpoint.hpp>
 #include <mpiddp/error.hpp>
-#include <mpiddp/flops.hpp>
 #include <mpiddp/model.hpp>
 #include <mpiddp/units.hpp>
 

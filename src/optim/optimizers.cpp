@@ -48,6 +48,13 @@ const Options& defaults_of(const optim::Optimizer& like) {
   return static_cast<const Options&>(like.defaults());
 }
 
+// The options of `opt`'s first group (its defaults where it has none), as its options type.
+template <class Options>
+const Options& first_group_options(const optim::Optimizer& opt) {
+  const auto& groups = opt.param_groups();
+  return static_cast<const Options&>(groups.empty() ? opt.defaults() : groups.front().options());
+}
+
 // One group, or nanoGPT's two (decay_matrices_only: tensors of two or more dimensions decay).
 template <class Options>
 std::vector<optim::OptimizerParamGroup> param_groups(const std::vector<torch::Tensor>& params,
@@ -72,6 +79,7 @@ OptimizerSpec adam_family(std::string name, std::function<bool(const optim::Opti
       {"betas", "weight-decay", "weight-decay-params"},
       kAdamFields,
       true,
+      [](const optim::Optimizer& opt) { return first_group_options<Options>(opt).amsgrad() ? 3 : 2; },
       std::move(is),
       adam_fields<State>,
       adam_state<State>,
@@ -96,6 +104,7 @@ const std::vector<OptimizerSpec>& optimizers() {
        {"momentum", "weight-decay", "weight-decay-params"},
        {"momentum_buffer"},
        false,
+       [](const optim::Optimizer& opt) { return first_group_options<optim::SGDOptions>(opt).momentum() != 0 ? 1 : 0; },
        [](const optim::Optimizer& o) { return dynamic_cast<const optim::SGD*>(&o) != nullptr; },
        sgd_fields,
        sgd_state,

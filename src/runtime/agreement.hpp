@@ -11,7 +11,6 @@
 #pragma once
 
 #include <mpiddp/error.hpp>
-#include <mpiddp/process_group.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <mpi.h>

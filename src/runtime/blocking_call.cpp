@@ -1,7 +1,7 @@
 // The watchdog behind BlockingCall (runtime.hpp): one thread, started by the first call watched,
 // sleeping until the earliest deadline of the calls in progress.
+#include <mpiddp/comm_options.hpp>
 #include <mpiddp/error.hpp>
-#include <mpiddp/process_group.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <unistd.h>

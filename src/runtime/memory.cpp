@@ -1,5 +1,5 @@
-// This process's memory figures (include/mpiddp/memory_plan.hpp).
-#include <mpiddp/memory_plan.hpp>
+// This process's memory figures (include/mpiddp/memory.hpp).
+#include <mpiddp/memory.hpp>
 
 #include <fstream>
 #include <string>

@@ -1,6 +1,6 @@
+#include <mpiddp/comm_options.hpp>
 #include <mpiddp/config.hpp>
 #include <mpiddp/error.hpp>
-#include <mpiddp/process_group.hpp>
 #include <mpiddp/runtime.hpp>
 
 #include <ATen/Context.h>

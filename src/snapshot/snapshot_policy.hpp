@@ -2,7 +2,7 @@
 // position, so every rank enters the (collective) save at the same step.
 #pragma once
 
-#include <mpiddp/trainer.hpp>
+#include <mpiddp/trainer_options.hpp>
 
 #include "common/run_position.hpp"
 

@@ -3,6 +3,7 @@
 #include "train/memory_plan.hpp"
 
 #include <mpiddp/compat.hpp>
+#include <mpiddp/optim.hpp>
 #include <mpiddp/units.hpp>
 #include <mpiddp/zero.hpp>
 
@@ -64,6 +65,12 @@ CpuGeneratorGuard::~CpuGeneratorGuard() {
   generator.set_state(state_);
 }
 
+OptimizerStateGuard::OptimizerStateGuard(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {
+  for (const auto& [key, state] : optimizer_.state()) saved_[key] = state->clone();
+}
+
+OptimizerStateGuard::~OptimizerStateGuard() { optimizer_.state() = std::move(saved_); }
+
 namespace {
 
 // Stage 3's units, largest first (none below stage 3).
@@ -88,17 +95,6 @@ int64_t gathered_unit_bytes(const PlanInputs& in) {
   return std::accumulate(units.begin(), units.begin() + static_cast<std::ptrdiff_t>(gathered), int64_t{0});
 }
 
-// Optimizer state tensors per parameter element: Adam/AdamW's two moments (three with AMSGrad),
-// SGD's momentum buffer; 2 for an optimizer this does not know.
-int state_fields(const torch::optim::Optimizer& optimizer) {
-  if (optimizer.param_groups().empty()) return 0;
-  auto& options = optimizer.param_groups().front().options();
-  if (auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) return adam->amsgrad() ? 3 : 2;
-  if (auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) return adamw->amsgrad() ? 3 : 2;
-  if (auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) return sgd->momentum() != 0 ? 1 : 0;
-  return 2;
-}
-
 int64_t tensor_bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 // Drops a parameter's gradient as soon as autograd has accumulated it (the memory plan's probe).
@@ -115,7 +111,7 @@ struct DropGradient : torch::autograd::FunctionPostHook {
 // What one micro-batch's forward and backward add to the process at their peak, besides the
 // parameters' gradients (`gradient_bytes`): the activations and backward's working memory (a
 // checkpointed block's recompute included), by running them once. 0 off the CPU.
-int64_t probe_activations(const PlannedRun& run, int64_t gradient_bytes, DistributedDataParallel* sharded) {
+int64_t probe_activations(const PlannedRun& run, int64_t gradient_bytes, DistributedDataParallel& ddp) {
   const auto& o = run.options;
   if (!o.device.is_cpu()) return 0;  // the CUDA caching allocator's figures: not yet
   // What the step moves, put back after: the CPU generator (dropout), the buffers (BatchNorm),
@@ -151,8 +147,7 @@ int64_t probe_activations(const PlannedRun& run, int64_t gradient_bytes, Distrib
   const int64_t heap = heap_bytes_in_use();
   int64_t held = 0;
   {
-    std::optional<DistributedDataParallel::NoSync> local;  // sharded: the units gathered, nothing reduced
-    if (sharded) local.emplace(sharded);
+    const auto local = ddp.no_sync();  // the units gathered where sharded, nothing reduced
     auto loss = run.loss(batch);
     held = heap_bytes_in_use() - heap;
     loss.backward();
@@ -230,18 +225,24 @@ std::vector<int64_t> gradient_buckets(const PlannedRun& run, int64_t trainable_b
   return out;
 }
 
-MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded, int64_t resident_before_sharding) {
+ResidentBeforeRun resident_before_run(const Model& model) {
+  ResidentBeforeRun before;
+  before.process = resident_bytes();
+  auto tensors = model.named_parameters();
+  for (const auto& b : model.named_buffers()) tensors.push_back(b);
+  for (const auto& [name, t] : detail::distinct(tensors)) before.model += is_deferred(t) ? 0 : tensor_bytes(t);
+  return before;
+}
+
+MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel& ddp, const ResidentBeforeRun& before) {
   const auto& o = run.options;
   detail::PlanInputs in;
-  // Sharded (a deferred model): the process as it was before ZeRO made its slices, gradient shards
-  // and gathering buffers, which the plan counts by their rules; it held the tensors with memory.
-  in.resident = sharded ? resident_before_sharding : resident_bytes();
-  in.model_resident = 0;  // counted below (a model all deferred holds none: not "unknown")
+  in.resident = before.process;
+  in.model_resident = before.model;
   auto tensors = run.model.named_parameters();
   for (const auto& b : run.model.named_buffers()) tensors.push_back(b);
   for (const auto& [name, t] : detail::distinct(tensors)) {
     in.model_bytes += tensor_bytes(t);
-    if (!is_deferred(t)) in.model_resident += tensor_bytes(t);
     in.largest_tensor = std::max(in.largest_tensor, tensor_bytes(t));
   }
   for (const auto& p : trainable_parameters(run.model)) in.trainable_bytes += tensor_bytes(p);
@@ -253,14 +254,16 @@ MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded, int
   in.reshard_after_forward = units.reshard_after_forward;
   in.buckets = gradient_buckets(run, in.trainable_bytes);
   in.reduce_scatter_scratch = [&pg = run.pg](int64_t bytes) { return pg.reduce_scatter_scratch_bytes(bytes); };
-  in.state_fields = state_fields(run.optimizer);
+  // The optimizer table's count; 2 for an optimizer it does not know (Adam's, the common case).
+  const OptimizerSpec* spec = optimizer_spec_of(run.optimizer);
+  in.state_fields = spec ? spec->state_tensors(run.optimizer) : 2;
   in.snapshots = detail::SnapshotPolicy(o).enabled();
   const int64_t snapshot_bytes = in.model_bytes + in.state_fields * in.trainable_bytes;
   in.snapshot_through_rank_zero =
       detail::resolve_io(detail::SnapshotIo::kAuto, snapshot_bytes) == detail::SnapshotIo::kThroughRankZero;
   // Sharded: the probe's gathering reuses the buffers the data check's forward left (they are in the
   // resident size it starts from), so its peak is the activations'.
-  in.activations = probe_activations(run, in.trainable_bytes, sharded);
+  in.activations = probe_activations(run, in.trainable_bytes, ddp);
   return plan_from(in);
 }
 

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zero/model_sharding.hpp"
@@ -54,13 +56,21 @@ struct PlannedRun {
   std::function<torch::Tensor(const Example& batch)> loss;
 };
 
-/// The plan of `run`, its activations measured by one forward and backward on the CPU (0 off it),
-/// after which the random generator, the buffers and the gradients it moved are put back: training
-/// is unchanged. Local, or collective when `sharded`: the model is sharded over it (ZeRO stage 3
-/// initialised a deferred model), the probe then runs through the units' gathering without reducing
-/// (no_sync), and the process's resident size is the one taken before sharding.
-MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel* sharded = nullptr,
-                    int64_t resident_before_sharding = 0);
+/// What the process held before the run's communication was made, and how much of it the model's
+/// tensors (those with memory: a deferred model's units have none).
+struct ResidentBeforeRun {
+  int64_t process = 0;
+  int64_t model = 0;
+};
+ResidentBeforeRun resident_before_run(const Model& model);
+
+/// The plan of `run`, communicating through `ddp` and with `before` taken before `ddp` was made (the
+/// process's own memory; the run's buffers, slices and shards are counted by their rules). Its
+/// activations are measured by one forward and backward on the CPU (0 off it), through the units'
+/// gathering where the model is sharded, without reducing (no_sync), after which the random
+/// generator, the buffers and the gradients it moved are put back: training is unchanged.
+/// Collective where the model is sharded.
+MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel& ddp, const ResidentBeforeRun& before);
 
 /// Holds the CPU generator's state and puts it back when it goes (the probe's draws, and deferred
 /// initialisation's when only planned).
@@ -73,6 +83,20 @@ class CpuGeneratorGuard {
 
  private:
   torch::Tensor state_;
+};
+
+/// Holds a copy of an optimizer's state and puts it back when it goes (a plan made apart from a run:
+/// ZeRO takes the state into its shards, and a run that ends leaves none).
+class OptimizerStateGuard {
+ public:
+  explicit OptimizerStateGuard(torch::optim::Optimizer& optimizer);
+  ~OptimizerStateGuard();
+  OptimizerStateGuard(const OptimizerStateGuard&) = delete;
+  OptimizerStateGuard& operator=(const OptimizerStateGuard&) = delete;
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())> saved_;
 };
 
 }  // namespace mpiddp::detail

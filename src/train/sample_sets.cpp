@@ -1,11 +1,22 @@
-// open_sample_set(): which kind of SampleSet a training or test set is, by one rule.
+// open_sample_set(): which kind of SampleSet a training or test set is, by one rule, and the
+// formats it takes.
 #include <mpiddp/error.hpp>
 #include <mpiddp/tokens.hpp>
 #include <mpiddp/trainer.hpp>
 
+#include <algorithm>
+
 #include "common/text.hpp"
 
 namespace mpiddp {
+
+std::vector<std::string> data_format_names() { return {"auto", "hdf5", "llmc", "raw-uint16"}; }
+
+void check_data_format(const std::string& format, const std::string& what) {
+  const auto names = data_format_names();
+  MPIDDP_CHECK(std::find(names.begin(), names.end(), format) != names.end(),
+               "unknown " + what + " '" + format + "' (" + detail::joined(names, ", ") + ")");
+}
 
 std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const TrainerOptions& o) {
   const bool hdf5 =

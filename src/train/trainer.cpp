@@ -77,7 +77,7 @@ Trainer::Trainer(const Runtime& runtime, ProcessGroup& pg, const ModelFactory& m
 
 void Trainer::check_options() const {
   const auto& o = options_;
-  o.validate(nullptr, runtime_.rank());
+  check_trainer_options(o, nullptr, runtime_.rank());
   if (o.precision == c10::kHalf) check_grad_scaler(o.device, o.loss_scaling);
   check_backend(pg_.backend(), o.device, runtime_, "TrainerOptions::device " + o.device.str());
   MPIDDP_CHECK(pg_.size() == runtime_.size() && pg_.rank() == runtime_.rank(),
@@ -122,38 +122,34 @@ void Trainer::adopt(ModelAndOptimizer made) {
   }
   model_->to(options_.device);
   model_->set_activation_checkpointing(options_.activation_checkpointing);
-  // A deferred model (units.hpp) stays so where its units are sharded (fit() checks it against the
-  // data once ZeRO has initialised and sharded them); anywhere else it is initialised whole now.
+  // Held as its ZeRO stage holds it (a deferred model stays so where its units are sharded) and
+  // checked against the data once it has values.
   sharding_ = std::make_unique<detail::ModelSharding>(*model_, options_.zero_stage, options_.zero);
-  sharding_->adopt();
-  if (!sharding_->deferred()) check_model_fits_data(/*sharded=*/false);
+  sharding_->adopt([this](bool collective) {
+    detail::check_model_fits_data(forward_loss(), *task_, *train_, test_.get(), options_.batch_size, collective);
+  });
 }
 
-void Trainer::check_model_fits_data(bool sharded) {
-  detail::check_model_fits_data(forward_loss(), *task_, *train_, test_.get(), options_.batch_size, sharded);
-}
-
+// The plan of fit()'s run, its communication and update made as fit() makes them and dropped after
+// (the generator its draws moved and the optimizer's state ZeRO took put back; a deferred model's
+// units deferred again).
 MemoryPlan Trainer::plan_memory() {
-  if (!sharding_->deferred()) return planned();
-  // A deferred model is planned as fit() plans it: initialised and sharded by ZeRO, then left
-  // deferred again (its slices dropped, the generator its draws moved put back).
   const detail::CpuGeneratorGuard rng;
-  auto zero = options_.zero;
-  zero.whole_at_end = false;
-  detail::ModelSharding planning(*model_, options_.zero_stage, zero);
+  const detail::OptimizerStateGuard state(*optimizer_);
+  const auto planning = sharding_->for_planning();
+  const auto before_ddp = detail::resident_before_run(*model_);
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
-  const int64_t resident = resident_bytes();
-  detail::Update update(*optimizer_, trainable_parameters(*model_), options_, pg_, {}, ddp, planning);
-  check_model_fits_data(/*sharded=*/true);
-  return planned(&ddp, resident);
+  detail::Update update(*optimizer_, trainable_parameters(*model_), options_, pg_, {}, ddp, *planning);
+  planning->check_once_sharded();
+  return planned(ddp, before_ddp);
 }
 
-MemoryPlan Trainer::planned(DistributedDataParallel* sharded, int64_t resident_before_sharding) {
+MemoryPlan Trainer::planned(DistributedDataParallel& ddp, const detail::ResidentBeforeRun& before) {
   const detail::PlannedRun run{
       *model_, *sharding_, *optimizer_, options_, pg_, *train_, [f = forward_loss()](const Example& e) {
         return f(e.inputs, e.targets).second;
       }};
-  return detail::plan_run(run, sharded, resident_before_sharding);
+  return detail::plan_run(run, ddp, before);
 }
 
 DdpOptions Trainer::ddp_options() const {
@@ -189,15 +185,15 @@ double Trainer::current_lr() const {
 struct Trainer::Run {
   Run(Trainer& t, const RunPlan& plan, int read_ahead)
       : plan(plan),
+        before_ddp(detail::resident_before_run(*t.model_)),
         ddp(t.model_->named_parameters(), t.model_->named_buffers(), t.pg_, t.ddp_options()),
-        resident_before_sharding(resident_bytes()),
         agreement(ddp.mean_tail(), t.pg_),
         snapshots(t.options_),
         read_ahead(read_ahead) {}
 
   const RunPlan plan;
+  const detail::ResidentBeforeRun before_ddp;  ///< the memory plan's process: the model made, nothing of the run's
   DistributedDataParallel ddp;
-  const int64_t resident_before_sharding;  ///< the communication's buffers made, nothing sharded yet
   detail::StepAgreement agreement;
   std::unique_ptr<detail::Update> update;        ///< once a resume has put the optimizer's state in place
   std::optional<detail::ProgressLog> progress;   ///< once every start-up check passed (rank 0's logs)
@@ -259,30 +255,23 @@ FitResult Trainer::fit(const std::function<void(const EpochMetrics&, const std::
   return result;
 }
 
-// The run's start: the snapshot it resumes from, the memory plan, the phases. A deferred model (ZeRO
-// stage 3 initialises it unit by unit) is checked against the data and planned once sharded.
+// The run's start: the snapshot it resumes from, the phases, the memory plan once the model is held
+// as it trains (a deferred model's units initialised, or read, by ZeRO).
 std::unique_ptr<Trainer::Run> Trainer::start(const Note& note, const Note& on_note, FitResult& result, RunPosition& p) {
   const auto& o = options_;
   const int read_ahead = detail::BatchSource::read_ahead(*train_, o, runtime_, note);
   if (detail::SnapshotPolicy(o).enabled()) detail::check_shared_directory(runtime_.world(), o.snapshot_dir);
-  const bool deferred = sharding_->deferred();
   auto resumed = restore(note, &result.resumed_from, p);
-  std::optional<MemoryPlan> memory;
-  if (o.memory_plan && !deferred) {
-    memory = planned();
-    note(memory->describe());
-  }
   auto run = std::make_unique<Run>(*this, RunPlan(o.epochs, steps_per_epoch_, o.max_steps), read_ahead);
   run->update = std::make_unique<detail::Update>(*optimizer_, trainable_parameters(*model_), o, pg_, p, run->ddp,
                                                  *sharding_, /*initialise_units=*/!resumed);
-  if (resumed) restore_shards(*resumed, run->update->zero(), deferred);  // under ZeRO each rank reads its slices
+  if (resumed) restore_shards(*resumed, run->update->zero());  // under ZeRO each rank reads its slices
   resumed.reset();
-  if (deferred) {
-    check_model_fits_data(/*sharded=*/true);
-    if (o.memory_plan) {
-      memory = planned(&run->ddp, run->resident_before_sharding);
-      note(memory->describe());
-    }
+  sharding_->check_once_sharded();
+  std::optional<MemoryPlan> memory;
+  if (o.memory_plan) {
+    memory = planned(run->ddp, run->before_ddp);
+    note(memory->describe());
   }
   if (memory) reset_peak_resident_bytes();  // the measured peak is training's
   run->memory = memory;

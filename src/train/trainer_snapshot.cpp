@@ -20,6 +20,7 @@
 #include "runtime/agreement.hpp"
 #include "snapshot/parallel_snapshot.hpp"
 #include "snapshot/snapshot_codec.hpp"
+#include "zero/model_sharding.hpp"
 
 namespace mpiddp {
 
@@ -182,9 +183,9 @@ std::unique_ptr<detail::SnapshotReader> Trainer::restore(const std::function<voi
   return reader;
 }
 
-void Trainer::restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero, bool deferred) {
+void Trainer::restore_shards(detail::SnapshotReader& reader, ZeroOptimizer* zero) {
   detail::as_agreed([&] {  // its checks read the catalog every rank holds: the same verdict
-    if (deferred) detail::model_slices_from_reader(model_->named_parameters(), *zero, reader);
+    if (sharding_->slices_from_snapshot()) detail::model_slices_from_reader(model_->named_parameters(), *zero, reader);
     detail::optimizer_from_reader(*optimizer_, model_->named_parameters(), zero, reader, options_.device);
   });
 }

@@ -26,10 +26,21 @@ ModelSharding::ModelSharding(Model& model, int zero_stage, ZeroOptions options)
                    "program has not): train it at --zero-stage 2");
 }
 
-bool ModelSharding::deferred() const { return has_deferred_parameters(model_); }
-
-void ModelSharding::adopt() {
+void ModelSharding::adopt(DataCheck check) {
   if (!shards_units_) model_.materialise();
+  check_ = std::move(check);
+  adopted_deferred_ = has_deferred_parameters(model_);
+  if (!adopted_deferred_ && check_) check_(/*collective=*/false);
+}
+
+void ModelSharding::check_once_sharded() const {
+  if (adopted_deferred_ && check_) check_(/*collective=*/true);
+}
+
+std::unique_ptr<ModelSharding> ModelSharding::for_planning() const {
+  std::unique_ptr<ModelSharding> planning(new ModelSharding(*this));
+  planning->options_.whole_at_end = !adopted_deferred_;  // the units left as adopted
+  return planning;
 }
 
 void ModelSharding::configure(DdpOptions& ddp) const { ddp.bucket_groups = bucket_groups(); }

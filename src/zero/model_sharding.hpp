@@ -3,14 +3,17 @@
 // stage holds the model whole. The one owner of what sharding the parameters asks of a run; the
 // Trainer makes one for its model and asks it, never the stage:
 //   adopt()          a deferred model (units.hpp) stays deferred where the units are sharded (they
-//                    are initialised one by one as they are sharded), and is made whole elsewhere
+//                    are initialised one by one as they are sharded), and is made whole elsewhere;
+//                    the model is checked against the data once it has values: at once where whole,
+//                    by check_once_sharded() where its units wait for their sharding
 //   configure()      DDP's bucket groups: the units, no bucket holding two units' parameters
 //   zero_options()   ZeRO's: the units initialised when sharded (a fresh start) or left for a resume
 //   attach/detach    the model's units run through the ZeroOptimizer's gathers while it lives
 //   units_plan()     the memory plan's view of the parameters: the units' bytes, what is gathered
 //   lockstep_forwards()  a sharded forward is collective: the forwards a rank adds so that every
 //                    rank runs as many as the one with the most (evaluation)
-// The snapshot's reader restores the slices of a deferred model's units (deferred(), restore_shards).
+//   for_planning()   the same sharding for a plan made apart from a run: the units left as adopted
+//   slices_from_snapshot()  a resume reads a deferred model's units as slices (restore_shards)
 //
 // Cross-rank contract: every rank makes it alike (the same stage and model) and attaches and
 // detaches it at the same points.
@@ -21,6 +24,8 @@
 #include <mpiddp/zero.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 namespace mpiddp::detail {
@@ -36,16 +41,25 @@ class ModelSharding {
  public:
   /// `model` held as ZeRO stage `zero_stage` holds it, with stage 3's `options`.
   ModelSharding(Model& model, int zero_stage, ZeroOptions options);
-  ModelSharding(const ModelSharding&) = delete;
   ModelSharding& operator=(const ModelSharding&) = delete;
 
   /// Whether the model's units are sharded (stage 3).
   bool shards_units() const { return shards_units_; }
-  /// Whether the model's parameters are deferred now: checked against the data and planned only
-  /// once sharded, and its units' slices read from a snapshot.
-  bool deferred() const;
-  /// The model as the Trainer takes it: whole unless its units are sharded (materialised now).
-  void adopt();
+  /// The model against the data (a forward on a sample); `collective` where the model is sharded,
+  /// its failure then agreed by every rank.
+  using DataCheck = std::function<void(bool collective)>;
+  /// The model as the Trainer takes it: whole unless its units are sharded (materialised now), and
+  /// `check`ed at once where it has values; a deferred one waits for check_once_sharded().
+  void adopt(DataCheck check);
+  /// The check adopt() left for a deferred model, once ZeRO has given its units values (collective);
+  /// nothing where adopt() made the check.
+  void check_once_sharded() const;
+  /// This sharding for a plan made apart from a run: at its end the units are left as adopted (a
+  /// deferred model's deferred again, not gathered whole).
+  std::unique_ptr<ModelSharding> for_planning() const;
+  /// Whether a resume reads the model's units as this rank's slices (a model adopted deferred: the
+  /// snapshot's reader left them), not whole.
+  bool slices_from_snapshot() const { return adopted_deferred_; }
   /// DDP's options for this model: its bucket groups.
   void configure(DdpOptions& ddp) const;
   /// The groups of parameters whose buckets hold no other group's: the units where they are sharded
@@ -65,9 +79,13 @@ class ModelSharding {
   int64_t lockstep_forwards(int64_t mine, int64_t most) const;
 
  private:
+  ModelSharding(const ModelSharding&) = default;  ///< for_planning()'s
+
   Model& model_;
   bool shards_units_;
   ZeroOptions options_;
+  DataCheck check_;                ///< adopt()'s, for check_once_sharded()
+  bool adopted_deferred_ = false;  ///< the model had no values when adopted (its units are sharded)
 };
 
 /// Whether ZeRO stage `zero_stage` shards the model's units' parameters (stage 3): `mpiddp train`

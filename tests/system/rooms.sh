@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The rooms of src/ (its folders) include each other without a cycle (scripts/rooms.py): fails naming
-# the cycle and the includes that close it; and a cycle added in a copy is caught.
+# the cycle and the includes that close it (internal headers and the public ones a room implements);
+# a cycle added in a copy is caught, and a public header no room is known to implement.
 # usage: rooms.sh SOURCE_DIR
 source "$(dirname "$0")/lib.sh"
 src=$1
@@ -29,4 +30,21 @@ rc=$?
 check "a cycle fails the check" [ $rc -eq 1 ]
 check "it names the cycle" says '^rooms: cycle: comm -> runtime -> comm '
 check "and the include that closes it" says '^  runtime -> comm: src/runtime/wait.hpp: #include "comm/work.hpp"'
+
+# The same through a public header comm implements (process_group.hpp).
+cp "$src/src/runtime/wait.hpp" "$tmp/src/runtime/wait.hpp"
+printf '#include <mpiddp/process_group.hpp>\n' >>"$tmp/src/runtime/wait.hpp"
+rooms --root "$tmp" --check
+rc=$?
+check "a cycle through a public header fails the check" [ $rc -eq 1 ]
+check "naming that include" says '^  runtime -> comm: src/runtime/wait.hpp: #include <mpiddp/process_group.hpp>'
+
+# A public header no room is known to implement.
+cp "$src/src/runtime/wait.hpp" "$tmp/src/runtime/wait.hpp"
+mkdir -p "$tmp/include/mpiddp"
+: >"$tmp/include/mpiddp/new_part.hpp"
+rooms --root "$tmp" --check
+rc=$?
+check "an unknown public header fails the check" [ $rc -eq 1 ]
+check "naming it" says '^rooms: include/mpiddp/new_part.hpp implemented by no room known'
 finish

@@ -6,6 +6,7 @@
 #include <mpiddp/optim.hpp>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -194,4 +195,42 @@ TEST(Clipping, NormOnTheDeviceScalesAsTheHostRule) {
   params[1].mutable_grad()[0] = std::numeric_limits<float>::quiet_NaN();
   mpiddp::clip_grads_to(params, mpiddp::grad_squared_norm(params), 1.0);
   EXPECT_TRUE(torch::equal(params[0].grad(), before)) << "a NaN norm must leave the gradients unscaled";
+}
+
+// The optimizer table's count of state tensors per element (the memory plan's) against what a step
+// leaves: each optimizer made at its settings, stepped once, its state for a parameter counted.
+TEST(OptimizerTable, StateTensorsAreWhatAStepLeaves) {
+  struct Made {
+    std::string what;
+    std::function<std::shared_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>&)> make;
+  };
+  namespace optim = torch::optim;
+  const std::vector<Made> made = {
+      {"sgd", [](const auto& p) { return std::make_shared<optim::SGD>(p, optim::SGDOptions(0.1)); }},
+      {"sgd+momentum",
+       [](const auto& p) { return std::make_shared<optim::SGD>(p, optim::SGDOptions(0.1).momentum(0.9)); }},
+      {"adam", [](const auto& p) { return std::make_shared<optim::Adam>(p, optim::AdamOptions(0.1)); }},
+      {"adam+amsgrad",
+       [](const auto& p) { return std::make_shared<optim::Adam>(p, optim::AdamOptions(0.1).amsgrad(true)); }},
+      {"adamw", [](const auto& p) { return std::make_shared<optim::AdamW>(p, optim::AdamWOptions(0.1)); }},
+      {"adamw (fused)",
+       [](const auto& p) {
+         mpiddp::OptimizerSettings s;
+         s.lr = 0.1;
+         return mpiddp::find_optimizer("adamw")->make(p, s);
+       }},
+  };
+  for (const auto& m : made) {
+    auto params = make_params();
+    auto opt = m.make(params);
+    for (auto& p : params) p.mutable_grad() = torch::ones_like(p);
+    opt->step();
+    const auto* spec = mpiddp::optimizer_spec_of(*opt);
+    ASSERT_NE(spec, nullptr) << m.what;
+    int held = 0;
+    if (const auto* state = mpiddp::state_of(*opt, params[2])) {
+      for (const auto& [name, t] : spec->fields_of(*state).tensors) held += t.numel() == params[2].numel() ? 1 : 0;
+    }
+    EXPECT_EQ(spec->state_tensors(*opt), held) << m.what;
+  }
 }

@@ -1,5 +1,5 @@
 // The training loop's pure rules: the run plan against a simulation of fit()'s loops, the snapshot
-// policy and TrainerOptions::validate().
+// policy and check_trainer_options().
 #include <mpiddp/error.hpp>
 #include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
@@ -107,7 +107,7 @@ TEST(SnapshotPolicy, EveryNStepsAtStopsAndAtTheLastEpoch) {
 TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
   mpiddp::TrainerOptions good;
   good.data = "train.h5";
-  EXPECT_EQ(error_of([&] { good.validate(); }), "");
+  EXPECT_EQ(error_of([&] { mpiddp::check_trainer_options(good); }), "");
   const auto flag = [](const std::string& field) { return "--" + field; };
   struct Case {
     std::function<void(mpiddp::TrainerOptions&)> spoil;
@@ -129,6 +129,7 @@ TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
       {[](auto& o) { o.cache_bytes = -1; }, "--cache_bytes must be >= 0"},
       {[](auto& o) { o.prefetch_batches = -1; }, "--prefetch_batches must be >= 0 (0: no reader thread), got -1"},
       {[](auto& o) { o.resume.clear(); }, "--resume takes auto, never or a snapshot file"},
+      {[](auto& o) { o.data_format = "csv"; }, "unknown --data_format 'csv' (auto, hdf5, llmc, raw-uint16)"},
       {[](auto& o) { o.zero_stage = 4; },
        "--zero_stage must be 0 (DDP), 1 (optimizer state sharded), 2 (and gradients) or 3"},
       // The reduction is the Trainer's (from zero_stage): a library user who sets it is told, not overruled.
@@ -139,16 +140,16 @@ TEST(TrainerOptionsValidate, EachRuleNamesItsField) {
   for (const auto& c : cases) {
     mpiddp::TrainerOptions o = good;
     c.spoil(o);
-    EXPECT_NE(error_of([&] { o.validate(flag); }).find(c.says), std::string::npos) << c.says;
+    EXPECT_NE(error_of([&] { mpiddp::check_trainer_options(o, flag); }).find(c.says), std::string::npos) << c.says;
   }
   mpiddp::TrainerOptions o = good;
   o.epochs = -1;
-  EXPECT_EQ(error_of([&] { o.validate(); }),
+  EXPECT_EQ(error_of([&] { mpiddp::check_trainer_options(o); }),
             "TrainerOptions::epochs must be >= 0 (0: as many as TrainerOptions::max_steps takes), got -1");
   // A missing resume file is reported by rank 0 (every rank then opens it).
   o = good;
   o.resume = "/nonexistent/snapshot.h5";
-  EXPECT_EQ(error_of([&] { o.validate(nullptr, 0); }),
+  EXPECT_EQ(error_of([&] { mpiddp::check_trainer_options(o, nullptr, 0); }),
             "TrainerOptions::resume: snapshot '/nonexistent/snapshot.h5' does not exist");
-  EXPECT_EQ(error_of([&] { o.validate(nullptr, 1); }), "");
+  EXPECT_EQ(error_of([&] { mpiddp::check_trainer_options(o, nullptr, 1); }), "");
 }
