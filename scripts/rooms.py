@@ -4,7 +4,8 @@
 Room A -> room B when a file of src/A (.hpp, .cpp, .h) includes "B/..." or a public header that B
 implements (<mpiddp/X.hpp>, by PUBLIC_HEADERS). common is the base every room may include; a room
 that needs another's header is above it, and never also below it. A public header of plain data
-(no function of its own) belongs to no room: any room may read it.
+(no function of its own) belongs to no room: a room that includes it depends on the rooms of the
+public headers it includes.
 
 usage: rooms.py [--root DIR] [--print | --check]
   --print  (the default) each edge, "A -> B  (N includes)"
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_]+)/[^"]+"', re.M)
-PUBLIC_INCLUDE = re.compile(r'^\s*#\s*include\s+<mpiddp/([A-Za-z0-9_]+\.hpp)>', re.M)
+PUBLIC_INCLUDE = re.compile(r'^\s*#\s*include\s+<mpiddp/([A-Za-z0-9_/]+\.hpp)>', re.M)
 SUFFIXES = {".hpp", ".cpp", ".h"}
 
 # Each public header (include/mpiddp/) and the room that implements it; None: plain data, no room's.
@@ -55,11 +56,34 @@ PUBLIC_HEADERS = {
 }
 
 
+def public_rooms(public):
+    """{public header: the rooms a room including it depends on}: its own room, or for a header of
+    plain data (None) the rooms of the public headers it includes, followed through plain ones."""
+    includes = {}
+    if public.is_dir():
+        for path in public.glob("*.hpp"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            includes[path.name] = [m.group(1) for m in PUBLIC_INCLUDE.finditer(text)]
+
+    def rooms_of(name, seen):
+        if PUBLIC_HEADERS.get(name) is not None:
+            return {PUBLIC_HEADERS[name]}
+        found = set()
+        for included in includes.get(name, []):
+            if included not in seen:
+                seen.add(included)
+                found |= rooms_of(included, seen)
+        return found
+
+    return {name: rooms_of(name, {name}) for name in PUBLIC_HEADERS}
+
+
 def room_graph(src):
     """{room: {room it includes: [(file, included path), ...]}} over src's folders, and the public
     headers PUBLIC_HEADERS does not know."""
     rooms = sorted(p.name for p in src.iterdir() if p.is_dir())
     graph = {room: {} for room in rooms}
+    owners = public_rooms(src.parent / "include" / "mpiddp")
     unknown = set()
     for room in rooms:
         for path in sorted((src / room).rglob("*")):
@@ -70,7 +94,7 @@ def room_graph(src):
             for m in PUBLIC_INCLUDE.finditer(text):
                 if m.group(1) not in PUBLIC_HEADERS:
                     unknown.add(m.group(1))
-                targets.append((PUBLIC_HEADERS.get(m.group(1)), m.group(0)))
+                targets += [(owner, m.group(0)) for owner in sorted(owners.get(m.group(1), ()))]
             for target, line in targets:
                 if target != room and target in graph:
                     graph[room].setdefault(target, []).append((path.relative_to(src.parent).as_posix(), line.strip()))

@@ -2,7 +2,7 @@
 // before the first step (Trainer::plan_memory, `mpiddp train` prints it; `--dry-run` prints it and
 // trains nothing), and the peak each rank reached, measured after the first steps.
 //   process          the process before the model: libtorch, MPI, the dataset cache (its resident
-//                    memory when planned, less the model's tensors)
+//                    memory before the run's DDP and ZeRO were made, less the model's tensors)
 //   parameters       parameters and buffers (ZeRO 3: the units' 1/N, plus the units gathered at
 //                    once: the two largest with prefetch, one without, all with reshard_after_forward off)
 //   gradients        one per trainable element (ZeRO 2-3: the owned 1/N, and at worst the largest

@@ -64,6 +64,11 @@ struct LrScheduleParams {
   int64_t warmup_steps = 0;  ///< a linear warmup over this many steps (cosine's own, as nanoGPT's)
   double min_factor = 0.0;   ///< "cosine": the factor it decays to
 };
+/// Throws mpiddp::Error (one line) for a parameter out of its range (step_size > 0, gamma > 0,
+/// warmup_steps >= 0, min_factor in [0, 1]), naming the field as `name` spells it (nullptr: its own
+/// name; the CLI passes its flags'). The schedule functions below check theirs by it.
+void check_lr_schedule_params(const LrScheduleParams& params,
+                              const std::function<std::string(const std::string& field)>& name = nullptr);
 /// The schedules by name, in order: none, step, cosine.
 std::vector<std::string> lr_schedule_names();
 /// Throws mpiddp::Error "unknown <what> '<name>' (none, step, cosine)" unless `name` is one of

@@ -103,8 +103,8 @@ std::vector<Row> model_options() {
           "test set, evaluated after each epoch and at the run's end", kNoDefault),
       option<C>(
           "data-format", [](C & c) -> auto& { return c.t.data_format; },
-          "auto (HDF5 for .h5/.hdf5, else llm.c token shards) | hdf5 | llmc | raw-uint16 (nanoGPT's headerless "
-          "train.bin)"),
+          detail::joined(data_format_names(), " | ") +
+              " (auto: HDF5 for .h5/.hdf5, else llm.c token shards; raw-uint16: nanoGPT's headerless train.bin)"),
       option<C>(
           "block-size", [](C & c) -> auto& { return c.gpt.block_size; },
           "token data: tokens per sample (windows of T+1 at stride T); gpt: the context length"),
@@ -326,6 +326,18 @@ std::string flag_of(const std::string& field) {
   return flag.empty() ? "TrainerOptions::" + field : flag;
 }
 
+// The LR schedule's parameters from their flags (--min-lr as a factor of --lr), and the flag of each
+// field, for the library's messages.
+LrScheduleParams schedule_params(const TrainConfig& c) {
+  return {c.step_size, c.gamma, c.warmup_steps, c.min_lr / c.lr};
+}
+std::string schedule_flag_of(const std::string& field) {
+  if (field == "min_factor") return "--min-lr / --lr";
+  std::string flag = "--" + field;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
 // "B1,B2" as Adam's betas.
 std::tuple<double, double> betas_of(const std::string& text) {
   std::smatch m;
@@ -345,8 +357,7 @@ void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   MPIDDP_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be > 0, got " + std::to_string(c.lr));
   MPIDDP_CHECK(c.momentum >= 0 && c.weight_decay >= 0, "--momentum and --weight-decay must be >= 0");
   check_lr_schedule_name(c.schedule, "--lr-schedule");
-  MPIDDP_CHECK(c.step_size > 0 && c.gamma > 0 && c.warmup_steps >= 0, "bad schedule parameters");
-  MPIDDP_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "--min-lr must be in [0, --lr], got " + std::to_string(c.min_lr));
+  check_lr_schedule_params(schedule_params(c), schedule_flag_of);
   MPIDDP_CHECK(c.decay_params == "all" || c.decay_params == "matrices",
                "unknown --weight-decay-params '" + c.decay_params + "' (all, matrices)");
   const auto& takes = optimizer->cli_parameters;
@@ -455,8 +466,7 @@ int apply_options(TrainConfig& c, const po::variables_map& vm, const Runtime& ru
     t.log_min_gap_seconds = 0;
   }
   if (c.device == "cuda") t.device = runtime.device();
-  t.lr_schedule =
-      lr_schedule_named(c.schedule, {c.step_size, c.gamma, c.warmup_steps, c.min_lr / c.lr}, "--lr-schedule");
+  t.lr_schedule = lr_schedule_named(c.schedule, schedule_params(c), "--lr-schedule");
   t.block_size = c.gpt.block_size;
   if (c.loss == "cross-entropy") t.loss = cross_entropy_loss();
   if (c.loss == "mse") t.loss = mse_loss();

@@ -3,6 +3,8 @@
 #include <mpiddp/trainer.hpp>
 
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "common/text.hpp"
 
@@ -36,14 +38,28 @@ const NamedSchedule& schedule_named(const std::string& name, const std::string& 
 
 }  // namespace
 
+void check_lr_schedule_params(const LrScheduleParams& p, const std::function<std::string(const std::string&)>& name) {
+  const auto n = [&](const char* field) { return name ? name(field) : std::string(field); };
+  MPIDDP_CHECK(p.step_size > 0, n("step_size") + " must be > 0, got " + std::to_string(p.step_size));
+  MPIDDP_CHECK(p.gamma > 0 && std::isfinite(p.gamma), n("gamma") + " must be > 0, got " + std::to_string(p.gamma));
+  MPIDDP_CHECK(p.warmup_steps >= 0, n("warmup_steps") + " must be >= 0, got " + std::to_string(p.warmup_steps));
+  MPIDDP_CHECK(p.min_factor >= 0 && p.min_factor <= 1,
+               n("min_factor") + " must be in [0, 1], got " + std::to_string(p.min_factor));
+}
+
 LrSchedule step_lr(int64_t step_size, double gamma) {
-  MPIDDP_CHECK(step_size > 0 && gamma > 0, "step_lr needs step_size > 0 and gamma > 0");
+  LrScheduleParams p;
+  p.step_size = step_size;
+  p.gamma = gamma;
+  check_lr_schedule_params(p);
   return [=](const StepInfo& at) { return std::pow(gamma, static_cast<double>(at.epoch / step_size)); };
 }
 
 LrSchedule cosine_lr(int64_t warmup_steps, double min_factor) {
-  MPIDDP_CHECK(warmup_steps >= 0 && min_factor >= 0 && min_factor <= 1,
-               "cosine_lr needs warmup_steps >= 0 and min_factor in [0, 1]");
+  LrScheduleParams p;
+  p.warmup_steps = warmup_steps;
+  p.min_factor = min_factor;
+  check_lr_schedule_params(p);
   return [=](const StepInfo& at) {
     const auto step = static_cast<double>(at.global_step), warmup = static_cast<double>(warmup_steps);
     if (at.global_step < warmup_steps) return (step + 1) / (warmup + 1);
@@ -55,7 +71,9 @@ LrSchedule cosine_lr(int64_t warmup_steps, double min_factor) {
 }
 
 LrSchedule with_warmup(LrSchedule schedule, int64_t warmup_steps) {
-  MPIDDP_CHECK(warmup_steps >= 0, "with_warmup needs warmup_steps >= 0");
+  LrScheduleParams p;
+  p.warmup_steps = warmup_steps;
+  check_lr_schedule_params(p);
   return [schedule = std::move(schedule), warmup_steps](const StepInfo& at) {
     double f = schedule ? schedule(at) : 1.0;
     if (at.global_step < warmup_steps) {
@@ -75,6 +93,7 @@ void check_lr_schedule_name(const std::string& name, const std::string& what) { 
 
 LrSchedule lr_schedule_named(const std::string& name, const LrScheduleParams& params, const std::string& what) {
   const NamedSchedule& named = schedule_named(name, what);
+  check_lr_schedule_params(params);
   LrSchedule schedule = named.make(params);
   if (named.own_warmup || params.warmup_steps <= 0) return schedule;
   return with_warmup(std::move(schedule), params.warmup_steps);

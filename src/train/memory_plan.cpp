@@ -3,6 +3,7 @@
 #include "train/memory_plan.hpp"
 
 #include <mpiddp/compat.hpp>
+#include <mpiddp/memory.hpp>
 #include <mpiddp/optim.hpp>
 #include <mpiddp/units.hpp>
 #include <mpiddp/zero.hpp>

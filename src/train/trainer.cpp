@@ -12,6 +12,7 @@
 // loss.cpp, schedules in lr_schedule.cpp.
 #include <mpiddp/backends.hpp>
 #include <mpiddp/error.hpp>
+#include <mpiddp/memory.hpp>
 #include <mpiddp/snapshot.hpp>
 #include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
@@ -134,10 +135,11 @@ void Trainer::adopt(ModelAndOptimizer made) {
 // (the generator its draws moved and the optimizer's state ZeRO took put back; a deferred model's
 // units deferred again).
 MemoryPlan Trainer::plan_memory() {
+  const auto before_ddp = detail::resident_before_run(*model_);  // before the state's copy, as fit() takes it
   const detail::CpuGeneratorGuard rng;
   const detail::OptimizerStateGuard state(*optimizer_);
+  sharding_->start_run();
   const auto planning = sharding_->for_planning();
-  const auto before_ddp = detail::resident_before_run(*model_);
   DistributedDataParallel ddp(model_->named_parameters(), model_->named_buffers(), pg_, ddp_options());
   detail::Update update(*optimizer_, trainable_parameters(*model_), options_, pg_, {}, ddp, *planning);
   planning->check_once_sharded();
@@ -261,6 +263,7 @@ std::unique_ptr<Trainer::Run> Trainer::start(const Note& note, const Note& on_no
   const auto& o = options_;
   const int read_ahead = detail::BatchSource::read_ahead(*train_, o, runtime_, note);
   if (detail::SnapshotPolicy(o).enabled()) detail::check_shared_directory(runtime_.world(), o.snapshot_dir);
+  sharding_->start_run();
   auto resumed = restore(note, &result.resumed_from, p);
   auto run = std::make_unique<Run>(*this, RunPlan(o.epochs, steps_per_epoch_, o.max_steps), read_ahead);
   run->update = std::make_unique<detail::Update>(*optimizer_, trainable_parameters(*model_), o, pg_, p, run->ddp,

@@ -29,17 +29,19 @@ ModelSharding::ModelSharding(Model& model, int zero_stage, ZeroOptions options)
 void ModelSharding::adopt(DataCheck check) {
   if (!shards_units_) model_.materialise();
   check_ = std::move(check);
-  adopted_deferred_ = has_deferred_parameters(model_);
-  if (!adopted_deferred_ && check_) check_(/*collective=*/false);
+  start_run();
+  if (!deferred_at_start_ && check_) check_(/*collective=*/false);
 }
 
+void ModelSharding::start_run() { deferred_at_start_ = has_deferred_parameters(model_); }
+
 void ModelSharding::check_once_sharded() const {
-  if (adopted_deferred_ && check_) check_(/*collective=*/true);
+  if (deferred_at_start_ && check_) check_(/*collective=*/true);
 }
 
 std::unique_ptr<ModelSharding> ModelSharding::for_planning() const {
   std::unique_ptr<ModelSharding> planning(new ModelSharding(*this));
-  planning->options_.whole_at_end = !adopted_deferred_;  // the units left as adopted
+  planning->options_.whole_at_end = !deferred_at_start_;  // the units left as the run started with them
   return planning;
 }
 

@@ -12,7 +12,9 @@
 //   units_plan()     the memory plan's view of the parameters: the units' bytes, what is gathered
 //   lockstep_forwards()  a sharded forward is collective: the forwards a rank adds so that every
 //                    rank runs as many as the one with the most (evaluation)
-//   for_planning()   the same sharding for a plan made apart from a run: the units left as adopted
+//   start_run()      a run's start: the model deferred now or not, which decides check_once_sharded(),
+//                    slices_from_snapshot() and for_planning()
+//   for_planning()   the same sharding for a plan made apart from a run: the units left as they were
 //   slices_from_snapshot()  a resume reads a deferred model's units as slices (restore_shards)
 //
 // Cross-rank contract: every rank makes it alike (the same stage and model) and attaches and
@@ -51,15 +53,18 @@ class ModelSharding {
   /// The model as the Trainer takes it: whole unless its units are sharded (materialised now), and
   /// `check`ed at once where it has values; a deferred one waits for check_once_sharded().
   void adopt(DataCheck check);
-  /// The check adopt() left for a deferred model, once ZeRO has given its units values (collective);
-  /// nothing where adopt() made the check.
+  /// A run (or a plan) starts: whether the model is deferred now (adopted so, or left so by a run
+  /// with ZeroOptions::whole_at_end false) decides the rest of its start.
+  void start_run();
+  /// The check adopt() left, where the run started with the model deferred, once ZeRO has given its
+  /// units values (collective); nothing where the model had values.
   void check_once_sharded() const;
-  /// This sharding for a plan made apart from a run: at its end the units are left as adopted (a
-  /// deferred model's deferred again, not gathered whole).
+  /// This sharding for a plan made apart from a run: at its end the units are left as the run
+  /// started with them (a deferred model's deferred again, a whole one gathered whole).
   std::unique_ptr<ModelSharding> for_planning() const;
-  /// Whether a resume reads the model's units as this rank's slices (a model adopted deferred: the
-  /// snapshot's reader left them), not whole.
-  bool slices_from_snapshot() const { return adopted_deferred_; }
+  /// Whether a resume reads the model's units as this rank's slices (the run started with them
+  /// deferred: the snapshot's reader left them), not whole.
+  bool slices_from_snapshot() const { return deferred_at_start_; }
   /// DDP's options for this model: its bucket groups.
   void configure(DdpOptions& ddp) const;
   /// The groups of parameters whose buckets hold no other group's: the units where they are sharded
@@ -84,8 +89,8 @@ class ModelSharding {
   Model& model_;
   bool shards_units_;
   ZeroOptions options_;
-  DataCheck check_;                ///< adopt()'s, for check_once_sharded()
-  bool adopted_deferred_ = false;  ///< the model had no values when adopted (its units are sharded)
+  DataCheck check_;                 ///< adopt()'s, for check_once_sharded()
+  bool deferred_at_start_ = false;  ///< the model had no values when the run started (its units are sharded)
 };
 
 /// Whether ZeRO stage `zero_stage` shards the model's units' parameters (stage 3): `mpiddp train`

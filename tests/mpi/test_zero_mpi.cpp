@@ -15,11 +15,14 @@
 #include <mpiddp/memory_plan.hpp>
 #include <mpiddp/optim.hpp>
 #include <mpiddp/precision.hpp>
+#include <mpiddp/tokens.hpp>
+#include <mpiddp/trainer.hpp>
 #include <mpiddp/zero.hpp>
 
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -626,6 +629,61 @@ TEST(Zero, Stage3InitialisesADeferredGptUnitByUnitAsTheWholeOne) {
   for (const auto& item : model->named_parameters()) {
     MPIDDP_EXPECT_ALL(torch::equal(item.value(), expected[item.key()])) << item.key();
   }
+}
+
+// The Trainer at stage 3 over a GPT built deferred: a memory plan made between two runs (fit(),
+// plan_memory(), fit()) leaves the model as the first run left it (whole, the same values) and the
+// second run as it is without the plan: the same parameters, bitwise, as fit(), fit().
+TEST(Zero, Stage3PlanBetweenRunsLeavesTrainingAsWithoutIt) {
+  auto& runtime = mpiddp::testing::runtime();
+  std::string dir;
+  if (runtime.rank() == 0) {
+    char name[] = "/tmp/mpiddp-planmpi-XXXXXX";
+    dir = mkdtemp(name);
+    torch::manual_seed(3);
+    const auto tokens = torch::randint(0, 37, {4000}, torch::kLong);
+    std::vector<uint32_t> ids(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + tokens.numel());
+    mpiddp::write_token_shard(dir + "/train.bin", ids);
+  }
+  mpiddp::broadcast_string(runtime.world(), dir);
+  MPI_Barrier(runtime.world());
+  mpiddp::TrainerOptions o;
+  o.data = dir + "/train.bin";
+  o.block_size = 8;
+  o.batch_size = 2;
+  o.max_steps = 3;
+  o.zero_stage = 3;
+  o.stop_signals = false;
+  o.log_every_steps = 0;
+  o.log_every_seconds = 0;
+  const auto train_twice = [&](bool plan_between) {
+    torch::manual_seed(5);
+    auto gpt = std::make_shared<mpiddp::GptImpl>(gpt_config(), mpiddp::ParameterInit::kDeferred);
+    auto optimizer = make_optimizer("adamw", *gpt);
+    mpiddp::Trainer trainer(runtime, mpiddp::testing::checked_group("mpi"), mpiddp::wrap_module(gpt), optimizer, o);
+    trainer.fit();
+    std::map<std::string, torch::Tensor> after_first;
+    for (const auto& item : gpt->named_parameters()) after_first[item.key()] = item.value().clone();
+    if (plan_between) {
+      const auto plan = trainer.plan_memory();
+      MPIDDP_EXPECT_ALL(plan.peak() > 0);
+      for (const auto& item : gpt->named_parameters()) {
+        MPIDDP_EXPECT_ALL(!mpiddp::is_deferred(item.value()) && torch::equal(item.value(), after_first[item.key()]))
+            << item.key() << ": the plan moved the trained parameter";
+      }
+    }
+    trainer.fit();
+    std::map<std::string, torch::Tensor> after_second;
+    for (const auto& item : gpt->named_parameters()) after_second[item.key()] = item.value().clone();
+    return after_second;
+  };
+  const auto planned = train_twice(true);
+  const auto plain = train_twice(false);
+  for (const auto& [name, value] : plain) {
+    MPIDDP_EXPECT_ALL(torch::equal(planned.at(name), value)) << name << " differs after a plan between the runs";
+  }
+  MPI_Barrier(runtime.world());
+  if (runtime.rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(Zero, ADeferredParameterOutsideStage3IsOneClearError) {

@@ -39,6 +39,17 @@ rc=$?
 check "a cycle through a public header fails the check" [ $rc -eq 1 ]
 check "naming that include" says '^  runtime -> comm: src/runtime/wait.hpp: #include <mpiddp/process_group.hpp>'
 
+# A header of plain data carries the rooms of what it includes: trainer_options.hpp made to include
+# the Trainer's header closes log -> train -> log.
+cp "$src/src/runtime/wait.hpp" "$tmp/src/runtime/wait.hpp"
+cp -r "$src/include" "$tmp/include"
+printf '#include <mpiddp/trainer.hpp>\n' >>"$tmp/include/mpiddp/trainer_options.hpp"
+rooms --root "$tmp" --check
+rc=$?
+check "a cycle through a header of plain data fails the check" [ $rc -eq 1 ]
+check "naming the include of it" says '^  log -> train: src/log/progress_log.hpp: #include <mpiddp/trainer_options.hpp>'
+rm -rf "$tmp/include"
+
 # A public header no room is known to implement.
 cp "$src/src/runtime/wait.hpp" "$tmp/src/runtime/wait.hpp"
 mkdir -p "$tmp/include/mpiddp"

@@ -48,6 +48,9 @@ MPIDDP_MOMENTUM=x bad_input "bad number in the environment" "invalid" train --mo
 bad_input "unknown model" "unknown --model 'resnet'" train --model resnet --data "$tmp/syn.h5"
 bad_input "bad --log-every" "--log-every takes auto, N (steps), Ns (seconds) or 0 (off), got '10m'" train --model linear --data "$tmp/syn.h5" --log-every 10m
 bad_input "negative --clip-grad-norm" "--clip-grad-norm must be >= 0" train --model linear --data "$tmp/syn.h5" --clip-grad-norm -1
+bad_input "--step-size 0" "--step-size must be > 0, got 0" train --model linear --data "$tmp/syn.h5" --lr-schedule step --step-size 0
+bad_input "negative --warmup-steps" "--warmup-steps must be >= 0, got -1" train --model linear --data "$tmp/syn.h5" --warmup-steps -1
+bad_input "--min-lr above --lr" "--min-lr / --lr must be in \[0, 1\], got 2" train --model linear --data "$tmp/syn.h5" --lr 0.01 --min-lr 0.02
 bad_input "negative --prefetch" "--prefetch must be >= 0" train --model linear --data "$tmp/syn.h5" --prefetch -1
 bad_input "--profile-steps 0" "--profile-steps must be > 0" train --model linear --data "$tmp/syn.h5" --profile "$tmp/p.json" --profile-steps 0
 bad_input "negative --profile-from" "--profile-from must be >= 0" train --model linear --data "$tmp/syn.h5" --profile "$tmp/p.json" --profile-from -1

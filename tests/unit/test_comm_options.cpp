@@ -1,4 +1,5 @@
 // CommOptions from the environment, and names the CLI accepts.
+#include <mpiddp/comm_options.hpp>
 #include <mpiddp/process_group.hpp>
 #include <mpiddp/reduction.hpp>
 

@@ -179,6 +179,26 @@ TEST(LrSchedule, ByNameIsTheScheduleFunctions) {
   }
 }
 
+TEST(LrSchedule, ParametersOutOfRangeAreOneRuleNamedAsTheCallerSpellsThem) {
+  // Each field's rule once: the schedule functions and lr_schedule_named say the field's own name,
+  // `mpiddp train` its flag's.
+  EXPECT_EQ(error_of([] { mpiddp::step_lr(0, 0.5); }), "step_size must be > 0, got 0");
+  EXPECT_EQ(error_of([] { mpiddp::step_lr(2, -1); }), "gamma must be > 0, got -1.000000");
+  EXPECT_EQ(error_of([] { mpiddp::cosine_lr(-1, 0.1); }), "warmup_steps must be >= 0, got -1");
+  EXPECT_EQ(error_of([] { mpiddp::cosine_lr(0, 1.5); }), "min_factor must be in [0, 1], got 1.500000");
+  EXPECT_EQ(error_of([] { mpiddp::with_warmup(nullptr, -2); }), "warmup_steps must be >= 0, got -2");
+  EXPECT_EQ(error_of([] {
+              mpiddp::lr_schedule_named("none", {1, 0.1, -3, 0.0});
+            }),
+            "warmup_steps must be >= 0, got -3");
+  const auto flag = [](const std::string& field) { return "--" + field; };
+  EXPECT_EQ(error_of([&] {
+              mpiddp::check_lr_schedule_params({0, 0.1, 0, 0.0}, flag);
+            }),
+            "--step_size must be > 0, got 0");
+  EXPECT_EQ(error_of([] { mpiddp::check_lr_schedule_params({1, 0.1, 0, 1.0}); }), "");
+}
+
 TEST(Gpt, SnapshotRecordsItsShapeWhoeverTrainsIt) {
   // The snapshot codec (what Trainer::save writes, through the library or the CLI) records the
   // GPT's shape itself, so `mpiddp generate` needs no CLI options to rebuild it; other models none.
