@@ -352,8 +352,7 @@ std::tuple<double, double> betas_of(const std::string& text) {
 // The flags that are the CLI's own (not TrainerOptions fields): their rules live here.
 void check_cli_flags(const Runtime& runtime, const TrainConfig& c) {
   const auto* optimizer = find_optimizer(c.optimizer);
-  MPIDDP_CHECK(optimizer,
-               "unknown --optimizer '" + c.optimizer + "' (" + detail::joined(optimizer_names(), ", ") + ")");
+  MPIDDP_CHECK(optimizer, detail::unknown_name("--optimizer", c.optimizer, optimizer_names()));
   MPIDDP_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be > 0, got " + std::to_string(c.lr));
   MPIDDP_CHECK(c.momentum >= 0 && c.weight_decay >= 0, "--momentum and --weight-decay must be >= 0");
   check_lr_schedule_name(c.schedule, "--lr-schedule");

@@ -39,6 +39,12 @@ inline std::string joined(const std::vector<std::string>& items, const std::stri
   return s;
 }
 
+/// "unknown <what> '<name>' (a, b, c)": the one wording of a name that is none of `names`.
+inline std::string unknown_name(const std::string& what, const std::string& name,
+                                const std::vector<std::string>& names) {
+  return "unknown " + what + " '" + name + "' (" + joined(names, ", ") + ")";
+}
+
 /// `text` cut at each `separator`, empty pieces dropped ("a,,b" -> a, b).
 inline std::vector<std::string> split_list(const std::string& text, char separator = ',') {
   std::vector<std::string> out;

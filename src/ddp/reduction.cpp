@@ -39,7 +39,7 @@ std::optional<c10::ScalarType> parse_compression(const std::string& name, const 
   for (const auto dtype : kWireDtypes) {
     if (precision_name(dtype) == name) return dtype;
   }
-  MPIDDP_THROW("unknown " + what + " '" + name + "' (" + detail::joined(compression_names(), ", ") + ")");
+  MPIDDP_THROW(detail::unknown_name(what, name, compression_names()));
 }
 
 namespace {

@@ -33,7 +33,7 @@ const NamedSchedule& schedule_named(const std::string& name, const std::string& 
   for (const auto& s : named_schedules()) {
     if (name == s.name) return s;
   }
-  MPIDDP_THROW("unknown " + what + " '" + name + "' (" + detail::joined(lr_schedule_names(), ", ") + ")");
+  MPIDDP_THROW(detail::unknown_name(what, name, lr_schedule_names()));
 }
 
 }  // namespace

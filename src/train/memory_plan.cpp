@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
-#include <optional>
 #include <sstream>
 
 #include "common/distinct.hpp"
@@ -226,12 +225,19 @@ std::vector<int64_t> gradient_buckets(const PlannedRun& run, int64_t trainable_b
   return out;
 }
 
+namespace {
+// The model's parameters and buffers, each tensor once.
+std::vector<std::pair<std::string, torch::Tensor>> model_tensors(const Model& model) {
+  auto tensors = model.named_parameters();
+  for (const auto& b : model.named_buffers()) tensors.push_back(b);
+  return detail::distinct(tensors);
+}
+}  // namespace
+
 ResidentBeforeRun resident_before_run(const Model& model) {
   ResidentBeforeRun before;
   before.process = resident_bytes();
-  auto tensors = model.named_parameters();
-  for (const auto& b : model.named_buffers()) tensors.push_back(b);
-  for (const auto& [name, t] : detail::distinct(tensors)) before.model += is_deferred(t) ? 0 : tensor_bytes(t);
+  for (const auto& [name, t] : model_tensors(model)) before.model += is_deferred(t) ? 0 : tensor_bytes(t);
   return before;
 }
 
@@ -240,9 +246,7 @@ MemoryPlan plan_run(const PlannedRun& run, DistributedDataParallel& ddp, const R
   detail::PlanInputs in;
   in.resident = before.process;
   in.model_resident = before.model;
-  auto tensors = run.model.named_parameters();
-  for (const auto& b : run.model.named_buffers()) tensors.push_back(b);
-  for (const auto& [name, t] : detail::distinct(tensors)) {
+  for (const auto& [name, t] : model_tensors(run.model)) {
     in.model_bytes += tensor_bytes(t);
     in.largest_tensor = std::max(in.largest_tensor, tensor_bytes(t));
   }

@@ -14,8 +14,7 @@ std::vector<std::string> data_format_names() { return {"auto", "hdf5", "llmc", "
 
 void check_data_format(const std::string& format, const std::string& what) {
   const auto names = data_format_names();
-  MPIDDP_CHECK(std::find(names.begin(), names.end(), format) != names.end(),
-               "unknown " + what + " '" + format + "' (" + detail::joined(names, ", ") + ")");
+  MPIDDP_CHECK(std::find(names.begin(), names.end(), format) != names.end(), detail::unknown_name(what, format, names));
 }
 
 std::unique_ptr<SampleSet> open_sample_set(const std::string& source, const TrainerOptions& o) {
